@@ -1,0 +1,158 @@
+"""The foreachBatch handler: dedup -> decode -> order -> MERGE, exactly once per batch.
+
+Per table, the retained tombstones are written before the replica table. If a crash lands between the two,
+Spark re-runs the batch: Delta skips the write already committed (same ``txnAppId`` and batch id), and the
+current state read for ordering ignores the tombstones that this very batch wrote, so the re-run decides exactly
+what the first run decided.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from replica_lib import decode
+from replica_lib.config import ReplicaConfig
+from replica_lib.merge import Commit, append_quarantine, merge_rows, merge_tombstones
+from replica_lib.ordering import current_versions, dedup, latest_per_key
+from replica_lib.progress import batch_end_offsets, checkpoint_generation
+from replica_lib.target import PROVENANCE_COLUMNS, TableSchema, read_table, tombstone_target
+
+logger = logging.getLogger(__name__)
+
+BatchHandler = Callable[[DataFrame, int], None]
+
+
+@dataclass
+class BatchStats:
+    """What one micro-batch did, for the per-batch log line and for tests."""
+
+    batch_id: int
+    records: int = 0
+    duplicates: int = 0
+    upserts: int = 0
+    deletes: int = 0
+    quarantined: int = 0
+    seconds: float = 0.0
+    offsets: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    def line(self, replica: str) -> str:
+        ends = " ".join(f"{t}:{','.join(f'{p}={o}' for p, o in sorted(parts.items()))}"
+                        for t, parts in sorted(self.offsets.items()))  # fmt: skip
+        return (f"replica {replica} batch {self.batch_id}: {self.records} records in, {self.duplicates} duplicates "
+                f"dropped, {self.upserts} upserts, {self.deletes} deletes, {self.quarantined} quarantined, "
+                f"{self.seconds:.2f}s, offsets {ends or '-'}")  # fmt: skip
+
+
+def app_id(replica: str, table: str, generation: str) -> str:
+    """Delta ``txnAppId`` for one table of one replica under one checkpoint generation."""
+    return f"replica:{replica}:{table}:{generation}"
+
+
+def quarantine_rows(rejected_df: DataFrame, replica: str, batch_id: int) -> DataFrame:
+    """Rejected envelope or table rows in the quarantine table's shape."""
+    return rejected_df.select(
+        F.lit(replica).alias("replica"),
+        F.lit(batch_id).cast("long").alias("batch_id"),
+        F.col("_topic").alias("topic"),
+        F.col("_partition").alias("partition"),
+        F.col("_offset").alias("offset"),
+        F.col("_kafka_ts").alias("kafka_timestamp"),
+        F.col("_key").alias("key"),
+        F.col("_value").alias("value"),
+        F.col("_table").alias("table"),
+        F.col("_error").alias("reason"),
+        F.current_timestamp().alias("quarantined_at"),
+    )
+
+
+def make_batch_handler(
+    cfg: ReplicaConfig,
+    schemas: dict[str, TableSchema],
+    on_batch: Callable[[BatchStats], None] | None = None,
+) -> BatchHandler:
+    """A ``foreachBatch`` function for ``cfg`` (closes over immutable config only)."""
+    generations: dict[str, str] = {}
+
+    def handle(batch_df: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        spark = batch_df.sparkSession
+        if "id" not in generations:
+            generations["id"] = checkpoint_generation(spark, cfg.checkpoint)
+        generation = generations["id"]
+        stats = BatchStats(batch_id=batch_id, offsets=batch_end_offsets(spark, cfg.checkpoint, batch_id))
+        metadata = {"replica": cfg.name, "batch_id": batch_id, "generation": generation,
+                    "offsets": {t: {str(p): o for p, o in parts.items()} for t, parts in stats.offsets.items()}}  # fmt: skip
+
+        raw_df = batch_df.persist()
+        try:
+            stats.records = raw_df.count()
+            if stats.records == 0:
+                stats.seconds = time.monotonic() - started
+                logger.info(stats.line(cfg.name))
+                return
+            unique_df = dedup(raw_df)
+            env_df = decode.envelopes(unique_df, cfg, schemas).persist()
+            stats.duplicates = stats.records - env_df.count()
+            rejected = [env_df.where(F.col("_error").isNotNull() & F.col("_table").isNull())]
+            for table in cfg.tables:
+                schema = schemas[table.name]
+                changes_df = decode.table_changes(env_df, schema).persist()
+                rejected.append(decode.rejected(changes_df))
+                winners_df = _winners(spark, decode.valid(changes_df), schema, app_id(cfg.name, table.name,
+                                                                                    generation), batch_id)  # fmt: skip
+                counts = {row["_op"]: row["n"] for row in winners_df.groupBy("_op").agg(F.count("*").alias("n")).collect()}
+                stats.upserts += counts.get("upsert", 0)
+                stats.deletes += counts.get("delete", 0)
+                table_app = app_id(cfg.name, table.name, generation)
+                merge_tombstones(spark, tombstone_target(table), winners_df, schema,
+                                 Commit(f"{table_app}:tombstones", batch_id, metadata))  # fmt: skip
+                merge_rows(spark, table.target, winners_df, schema, Commit(table_app, batch_id, metadata))
+                winners_df.unpersist()
+                changes_df.unpersist()
+            quarantine_df = quarantine_rows(_union(rejected), cfg.name, batch_id).persist()
+            stats.quarantined = quarantine_df.count()
+            if stats.quarantined:
+                append_quarantine(cfg.quarantine, quarantine_df,
+                                  Commit(app_id(cfg.name, "_quarantine", generation), batch_id, metadata))  # fmt: skip
+            quarantine_df.unpersist()
+            env_df.unpersist()
+        finally:
+            raw_df.unpersist()
+        stats.seconds = time.monotonic() - started
+        logger.info(stats.line(cfg.name))
+        if on_batch is not None:
+            on_batch(stats)
+
+    return handle
+
+
+def _union(frames: list[DataFrame]) -> DataFrame:
+    columns = ["_topic", "_partition", "_offset", "_kafka_ts", "_key", "_value", "_table", "_error"]
+    result = frames[0].select(*columns)
+    for frame in frames[1:]:
+        result = result.unionByName(frame.select(*columns))
+    return result
+
+
+def _winners(spark: object, valid_df: DataFrame, schema: TableSchema, table_app: str, batch_id: int) -> DataFrame:
+    """The changes of this batch that win and are newer than the table's state, one per key (persisted)."""
+    from pyspark.sql import SparkSession
+
+    assert isinstance(spark, SparkSession)
+    keys = schema.table.keys
+    batch_keys = valid_df.select(*keys).distinct()
+    version_cols = [*keys, *PROVENANCE_COLUMNS[1:4]]  # keys, _src_partition, _src_offset, _src_seq
+    rows_state = read_table(spark, schema.table.target).join(batch_keys, list(keys), "left_semi")
+    tombstones = read_table(spark, tombstone_target(schema.table))
+    # A re-run of this batch must not see the tombstones its first run wrote (see the module docstring).
+    tomb_state = tombstones.where(
+        ~((F.col("_app_id") == F.lit(f"{table_app}:tombstones")) & (F.col("_batch_id") == batch_id))
+    ).join(batch_keys, list(keys), "left_semi")
+    current_df = current_versions(keys, rows_state.select(*version_cols), tomb_state.select(*version_cols))
+    return latest_per_key(valid_df, keys, current_df).persist()

@@ -1,0 +1,408 @@
+"""A real Apache Kafka broker (KRaft, single node) on loopback, for local use and tests.
+
+Production never uses this: replicas are configured with bootstrap servers. Here the broker runs from the
+Maven Central artifacts (see :mod:`replica_lib.artifacts`) with its data in a folder of the caller's choice.
+
+Two ways to own a broker:
+
+* attached (tests, the demo): the JVM is killed by the kernel if its parent dies (``PR_SET_PDEATHSIG``), and
+  :meth:`EmbeddedKafka.stop` or the context manager stops it;
+* detached (``./replica broker start``): it outlives the command; ``./replica broker stop`` ends it.
+
+Every broker JVM carries ``-Dreplica.broker.dir=<data dir>`` and ``-Dreplica.broker.owner=<pid or 0>``, so
+brokers left behind by crashed runs are found (:func:`find_brokers`) and cleaned (:func:`clean_orphans`).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from replica_lib import artifacts
+from replica_lib.errors import BrokerError, SetupError
+
+logger = logging.getLogger(__name__)
+
+_DIR_PROP = "-Dreplica.broker.dir="
+_OWNER_PROP = "-Dreplica.broker.owner="
+_STATE_FILE = "broker.json"
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class BrokerProcess:
+    """A broker JVM found running on this machine."""
+
+    pid: int
+    data_dir: Path
+    owner_pid: int  # 0 for a detached broker
+
+    @property
+    def orphaned(self) -> bool:
+        return self.owner_pid != 0 and not _pid_alive(self.owner_pid)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def find_brokers() -> list[BrokerProcess]:
+    """Every embedded broker JVM on this machine, whoever started it."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        data_dir = owner = None
+        for arg in args:
+            text = arg.decode(errors="replace")
+            if text.startswith(_DIR_PROP):
+                data_dir = Path(text[len(_DIR_PROP) :])
+            elif text.startswith(_OWNER_PROP):
+                owner = int(text[len(_OWNER_PROP) :])
+        if data_dir is not None and owner is not None:
+            found.append(BrokerProcess(pid=int(proc.name), data_dir=data_dir, owner_pid=owner))
+    return found
+
+
+def clean_orphans() -> list[BrokerProcess]:
+    """Kill brokers whose owning process has died (a crashed test run or demo); returns what was killed."""
+    killed = []
+    for broker in find_brokers():
+        if broker.orphaned:
+            logger.warning(
+                "stopping an orphaned Kafka broker (pid %d, data %s) left by a run that died",
+                broker.pid,
+                broker.data_dir,
+            )
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(broker.pid, signal.SIGKILL)
+            killed.append(broker)
+    return killed
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _accepts_connections(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _server_properties(data_dir: Path, port: int, controller_port: int) -> str:
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "log.dirs": str(data_dir / "log"),
+        # One node: internal topics cannot be replicated, and few partitions make start-up fast.
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "4",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "4",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "auto.create.topics.enable": "false",
+        "num.partitions": "1",
+    }
+    return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+class EmbeddedKafka:
+    """One single-node KRaft broker with its data in ``data_dir``; a context manager for tests."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        state_dir: Path,
+        java_home: str | None = None,
+        port: int | None = None,
+        start_timeout_s: float = 90.0,
+        heap: str = "512m",
+    ) -> None:
+        self.data_dir = data_dir.resolve()
+        self.state_dir = state_dir
+        self.java_home = java_home
+        self.requested_port = port
+        self.start_timeout_s = start_timeout_s
+        self.heap = heap
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.controller_port = 0
+
+    # ----------------------------------------------------------------- life cycle
+    @property
+    def bootstrap_servers(self) -> str:
+        if not self.port:
+            raise BrokerError("the broker has not been started: call start() first")
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def start(self, detach: bool = False) -> EmbeddedKafka:
+        """Start the broker and wait until it answers; raises :class:`BrokerError` within the timeout."""
+        clean_orphans()
+        for other in find_brokers():
+            if other.data_dir == self.data_dir:
+                raise BrokerError(
+                    f"a broker already runs on {self.data_dir} (pid {other.pid}): stop it first "
+                    "(./replica broker stop) or use another data folder"
+                )
+        java = artifacts.find_java(self.java_home)
+        jars = artifacts.resolve_jars(java, artifacts.BROKER_PACKAGES, self.state_dir, "kafka-broker")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._choose_ports()
+        props = self.data_dir / "server.properties"
+        props.write_text(_server_properties(self.data_dir, self.port, self.controller_port))
+        classpath = ":".join(str(jar) for jar in jars)
+        base = [
+            java.executable,
+            f"{_DIR_PROP}{self.data_dir}",
+            f"{_OWNER_PROP}{0 if detach else os.getpid()}",
+            f"-Dlog4j2.configurationFile={artifacts.RESOURCES / 'log4j2-broker.properties'}",
+            "-Djava.awt.headless=true",
+        ]
+        if not (self.data_dir / "log" / "meta.properties").exists():
+            self._format(base, classpath, props)
+        cmd = [*base, f"-Xmx{self.heap}", "-XX:+UseG1GC", "-cp", classpath, "kafka.Kafka", str(props)]
+        out = (self.data_dir / "broker.out").open("ab")
+        self._proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=detach,
+            preexec_fn=None if detach else _die_with_parent,
+        )
+        out.close()
+        self._write_state(detach)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.kill()
+            raise
+        logger.info("Kafka %s broker ready at %s (pid %d)", artifacts.KAFKA_BROKER_VERSION,
+                    self.bootstrap_servers, self._proc.pid)  # fmt: skip
+        return self
+
+    def _choose_ports(self) -> None:
+        state = self.read_state(self.data_dir)
+        if self.requested_port is not None:
+            port = self.requested_port
+        elif state and not self.port:
+            port = int(state["port"])  # a restart keeps its address
+        else:
+            port = self.port or free_port()
+        controller = self.controller_port or (int(state["controller_port"]) if state else free_port())
+        for what, number in (("broker", port), ("controller", controller)):
+            if not _port_free(number):
+                raise BrokerError(
+                    f"{what} port {number} on 127.0.0.1 is already in use: stop what listens there or "
+                    "choose another port (--port)"
+                )
+        self.port, self.controller_port = port, controller
+
+    def _format(self, base: list[str], classpath: str, props: Path) -> None:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cmd = [*base, "-Xmx256m", "-cp", classpath, "kafka.tools.StorageTool", "format",
+               "-t", cluster_id, "-c", str(props)]  # fmt: skip
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise BrokerError(f"formatting the broker storage in {self.data_dir} took over 120s") from exc
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise BrokerError(f"formatting broker storage in {self.data_dir} failed: {' | '.join(tail)}")
+
+    def _wait_ready(self) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + self.start_timeout_s
+        assert self._proc is not None
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise BrokerError(
+                    f"the Kafka broker exited with code {self._proc.returncode} while starting: "
+                    f"{self._log_tail()} (full log: {self.data_dir / 'server.log'})"
+                )
+            if _accepts_connections(self.port):
+                admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+                try:
+                    admin.list_topics(timeout=5)
+                    return
+                except Exception:  # noqa: BLE001 - not ready yet; retried until the deadline
+                    logger.debug("broker not ready yet", exc_info=True)
+            time.sleep(0.2)
+        raise BrokerError(
+            f"the Kafka broker did not answer within {self.start_timeout_s:.0f}s: {self._log_tail()} "
+            f"(full log: {self.data_dir / 'server.log'})"
+        )
+
+    def _log_tail(self) -> str:
+        for name in ("broker.out", "server.log"):
+            path = self.data_dir / name
+            if path.exists():
+                lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+                errors = [ln for ln in lines if "ERROR" in ln or "Exception" in ln]
+                if errors or lines:
+                    return (errors or lines)[-1][:400]
+        return "no log output"
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop gracefully (SIGTERM), then SIGKILL if it does not exit in time."""
+        if self._proc is None or self._proc.poll() is not None:
+            self._proc = None
+            return
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            logger.warning("broker pid %d ignored SIGTERM for %.0fs; killing it", self._proc.pid, timeout_s)
+            self.kill()
+        self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the broker (a crash, for fault tests)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=30)
+        self._proc = None
+
+    def restart(self) -> None:
+        """Stop and start again on the same data and ports."""
+        self.stop()
+        self.start()
+
+    def healthy(self, timeout_s: float = 5.0) -> bool:
+        """Whether the broker answers a metadata request within ``timeout_s``."""
+        return probe(self.bootstrap_servers, timeout_s)
+
+    def __enter__(self) -> EmbeddedKafka:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # ----------------------------------------------------------------- detached brokers
+    def _write_state(self, detach: bool) -> None:
+        assert self._proc is not None
+        state = {
+            "pid": self._proc.pid,
+            "port": self.port,
+            "controller_port": self.controller_port,
+            "bootstrap_servers": self.bootstrap_servers,
+            "detached": detach,
+            "kafka_version": artifacts.KAFKA_BROKER_VERSION,
+        }
+        (self.data_dir / _STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+
+    @staticmethod
+    def read_state(data_dir: Path) -> dict[str, object] | None:
+        path = data_dir / _STATE_FILE
+        if not path.exists():
+            return None
+        data: dict[str, object] = json.loads(path.read_text())
+        return data
+
+
+def running_broker(data_dir: Path) -> tuple[BrokerProcess, str] | None:
+    """The broker running on ``data_dir`` and its bootstrap servers, if there is one."""
+    data_dir = data_dir.resolve()
+    for broker in find_brokers():
+        if broker.data_dir == data_dir:
+            state = EmbeddedKafka.read_state(data_dir) or {}
+            return broker, str(state.get("bootstrap_servers", "unknown"))
+    return None
+
+
+def stop_detached(data_dir: Path, timeout_s: float = 30.0) -> BrokerProcess | None:
+    """Stop the broker running on ``data_dir`` (started by ``./replica broker start``)."""
+    found = running_broker(data_dir)
+    if found is None:
+        return None
+    broker, _ = found
+    os.kill(broker.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _pid_alive(broker.pid) and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(broker.pid, os.WNOHANG)
+        time.sleep(0.2)
+    if _pid_alive(broker.pid):
+        os.kill(broker.pid, signal.SIGKILL)
+    return broker
+
+
+def probe(bootstrap_servers: str, timeout_s: float) -> bool:
+    """Whether a Kafka cluster at ``bootstrap_servers`` answers a metadata request in time."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0})
+    try:
+        admin.list_topics(timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - any failure means "not reachable"; callers say what to do
+        return False
+    return True
+
+
+__all__ = [
+    "BrokerProcess",
+    "EmbeddedKafka",
+    "SetupError",
+    "clean_orphans",
+    "find_brokers",
+    "free_port",
+    "probe",
+    "running_broker",
+    "stop_detached",
+]

@@ -1,0 +1,50 @@
+"""Typed errors: one class per failure kind, each with a message that says what to do."""
+
+from __future__ import annotations
+
+
+class ReplicaError(Exception):
+    """Base class of every error raised by replica_lib."""
+
+
+class ConfigError(ReplicaError):
+    """A configuration file or argument is invalid; names the file, the key and the fix."""
+
+    def __init__(self, source: str, key: str, problem: str, fix: str) -> None:
+        self.source = source
+        self.key = key
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{source}: {key}: {problem} (fix: {fix})")
+
+
+class SetupError(ReplicaError):
+    """The local environment cannot run replica (Java, artifacts, ports); says how to fix it."""
+
+
+class BrokerError(ReplicaError):
+    """The embedded Kafka broker failed to start, stop or answer."""
+
+
+class ProducerError(ReplicaError):
+    """A change event could not be written to Kafka; nothing is ever dropped silently."""
+
+    def __init__(self, message: str, topic: str | None = None, key: bytes | None = None) -> None:
+        self.topic = topic
+        self.key = key
+        super().__init__(message)
+
+
+class TopicError(ReplicaError):
+    """A topic could not be created, or exists with settings that do not match what was asked."""
+
+
+class DecodeError(ReplicaError):
+    """A record could not be decoded into a change; carries the record's coordinates."""
+
+    def __init__(self, reason: str, topic: str, partition: int, offset: int) -> None:
+        self.reason = reason
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        super().__init__(f"{topic}[{partition}]@{offset}: {reason}")

@@ -1,0 +1,75 @@
+"""Deduplicate by log coordinates, then keep one winning change per key.
+
+The order of changes (DESIGN.md §3): a change's *version* is ``(seq, partition, offset)``; the greatest wins, and
+a change never overwrites a state of greater or equal version. Without a sequence (``sequence_by`` unset) every
+seq is null, so the version is the log position. A Kafka tombstone carries no seq: it deletes the key *at its
+place in the log*, taking the seq of the state it deletes (the table's, or that of the latest change before it
+in the same batch), so a change with a greater seq, or an equal seq later in the log, comes after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+_MIN_SEQ = -(2**63)
+COORDINATES = ("topic", "partition", "offset")
+
+
+def dedup(raw_df: DataFrame) -> DataFrame:
+    """Drop records delivered twice (same topic, partition and offset)."""
+    return raw_df.dropDuplicates(list(COORDINATES))
+
+
+def newer(seq: Column, partition: Column, offset: Column, than_seq: Column, than_partition: Column,
+          than_offset: Column) -> Column:  # fmt: skip
+    """Whether version (seq, partition, offset) is greater than the other; anything beats no version."""
+    lowest = F.lit(_MIN_SEQ).cast("long")
+    a, b = F.coalesce(seq, lowest), F.coalesce(than_seq, lowest)
+    return than_offset.isNull() | (a > b) | (
+        (a == b) & ((partition > than_partition) | ((partition == than_partition) & (offset > than_offset)))
+    )
+
+
+def current_versions(keys: Sequence[str], *states: DataFrame) -> DataFrame:
+    """The greatest version per key among ``states`` (each: keys + ``_src_seq, _src_partition, _src_offset``)."""
+    union = states[0]
+    for state in states[1:]:
+        union = union.unionByName(state)
+    ranked = Window.partitionBy(*keys).orderBy(
+        F.col("_src_seq").desc_nulls_last(), F.col("_src_partition").desc(), F.col("_src_offset").desc()
+    )
+    return (
+        union.withColumn("_rank", F.row_number().over(ranked))
+        .where(F.col("_rank") == 1)
+        .select(
+            *keys,
+            F.col("_src_seq").alias("_cur_seq"),
+            F.col("_src_partition").alias("_cur_partition"),
+            F.col("_src_offset").alias("_cur_offset"),
+        )
+    )
+
+
+def latest_per_key(changes_df: DataFrame, keys: Sequence[str], current_df: DataFrame) -> DataFrame:
+    """One winning change per key, kept only if it is newer than the table's current version of that key.
+
+    ``current_df`` holds ``keys + _cur_seq, _cur_partition, _cur_offset`` (see :func:`current_versions`).
+    """
+    in_log_order = Window.partitionBy(*keys).orderBy("_partition", "_offset")
+    before = in_log_order.rowsBetween(Window.unboundedPreceding, -1)
+    by_version = Window.partitionBy(*keys).orderBy(
+        F.col("_seq").desc_nulls_last(), F.col("_partition").desc(), F.col("_offset").desc()
+    )
+    with_state = changes_df.join(current_df, list(keys), "left")
+    inherited = F.greatest(F.max("_seq").over(before), F.col("_cur_seq"))
+    return (
+        with_state.withColumn("_seq", F.when(F.col("_tombstone"), inherited).otherwise(F.col("_seq")))
+        .withColumn("_rank", F.row_number().over(by_version))
+        .where(F.col("_rank") == 1)
+        .where(newer(F.col("_seq"), F.col("_partition"), F.col("_offset"),
+                     F.col("_cur_seq"), F.col("_cur_partition"), F.col("_cur_offset")))  # fmt: skip
+        .drop("_rank", "_cur_seq", "_cur_partition", "_cur_offset")
+    )

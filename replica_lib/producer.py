@@ -1,0 +1,328 @@
+"""The producer library for primary services: change events in the native envelope, written to Kafka.
+
+Every write is idempotent (``enable.idempotence``, ``acks=all``, at most 5 in flight, so no duplicates and no
+reordering on retry) and keyed by the row's key columns, so one entity always lands in one partition
+(``murmur2_random``: the same partition the Java client picks). Every acknowledged write yields its
+:class:`Position`; a failed delivery raises :class:`ProducerError` (from :meth:`Delivery.result`, and in any
+case from :meth:`ChangeProducer.flush`/:meth:`ChangeProducer.close`): failures never vanish.
+
+A transactional producer (``transactional_id=...``) makes a group of writes across partitions and topics
+visible atomically to ``read_committed`` consumers::
+
+    with producer.transaction():
+        producer.upsert("orders", {"order_id": 1}, {...}, seq=7)
+        producer.delete("payments", {"payment_id": 9}, seq=3)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from replica_lib.errors import ProducerError
+
+logger = logging.getLogger(__name__)
+
+Op = Literal["upsert", "delete"]
+OPS: tuple[Op, ...] = ("upsert", "delete")
+COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
+
+
+# ---------------------------------------------------------------------------------------------- the contract
+@dataclass(frozen=True)
+class Change:
+    """One change of one keyed row (DESIGN.md §3).
+
+    ``tombstone=True`` writes a Kafka tombstone (null value) instead of an ``op: delete`` envelope: it carries no
+    ``seq``, so producers that use ``seq`` send ``op: delete`` with a ``seq`` (and may add a tombstone after it,
+    for compaction).
+    """
+
+    key: Mapping[str, Any]
+    op: Op = "upsert"
+    data: Mapping[str, Any] | None = None
+    seq: int | None = None
+    ts_ms: int | None = None
+    table: str | None = None
+    tombstone: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            raise ValueError("a change needs at least one key column")
+        if self.op not in OPS:
+            raise ValueError(f"op must be one of {OPS}, got {self.op!r}")
+        if self.op == "upsert":
+            if self.data is None:
+                raise ValueError("an upsert carries the full row in data")
+            if self.tombstone:
+                raise ValueError("a tombstone is a delete")
+            missing = [k for k in self.key if k not in self.data]
+            if missing:
+                raise ValueError(f"data must include the key columns, missing {missing}")
+        elif self.data is not None:
+            raise ValueError("a delete carries no data")
+        if self.seq is not None and (isinstance(self.seq, bool) or not isinstance(self.seq, int)):
+            raise ValueError(f"seq must be an integer, got {self.seq!r}")
+        if self.tombstone and (self.seq is not None or self.table is not None):
+            raise ValueError("a tombstone has no value, so it cannot carry seq or table")
+
+
+def encode_key(key: Mapping[str, Any]) -> bytes:
+    """The Kafka key: the UTF-8 JSON object of the key columns, canonical (sorted, compact)."""
+    return json.dumps(dict(key), sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
+def encode_value(change: Change) -> bytes | None:
+    """The Kafka value: the JSON envelope, or ``None`` (a tombstone)."""
+    if change.tombstone:
+        return None
+    envelope: dict[str, Any] = {"op": change.op}
+    if change.seq is not None:
+        envelope["seq"] = change.seq
+    if change.ts_ms is not None:
+        envelope["ts_ms"] = change.ts_ms
+    if change.table is not None:
+        envelope["table"] = change.table
+    envelope["data"] = dict(change.data) if change.data is not None else None
+    return json.dumps(envelope, separators=(",", ":"), default=str).encode()
+
+
+# ---------------------------------------------------------------------------------------------- settings
+@dataclass(frozen=True)
+class ProducerSettings:
+    """Batching and reliability knobs; the defaults favour throughput without giving up safety."""
+
+    linger_ms: int = 5
+    batch_size: int = 256 * 1024
+    compression: str = "lz4"
+    delivery_timeout_ms: int = 120_000
+    connect_timeout_s: float = 15.0
+    transactional_id: str | None = None
+    transaction_timeout_ms: int = 60_000
+    extra: tuple[tuple[str, str], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {COMPRESSIONS}, got {self.compression!r}")
+        for name in ("linger_ms", "batch_size", "delivery_timeout_ms", "transaction_timeout_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
+        forced = {"enable.idempotence", "acks", "max.in.flight.requests.per.connection"}
+        for key, _ in self.extra:
+            if key in forced:
+                raise ValueError(f"{key} is fixed by replica for safety and cannot be overridden")
+
+    def client_config(self, connection: Mapping[str, str]) -> dict[str, Any]:
+        """The full librdkafka configuration for ``connection`` (bootstrap servers, security options)."""
+        conf: dict[str, Any] = {
+            **connection,
+            "enable.idempotence": True,
+            "acks": "all",
+            "max.in.flight.requests.per.connection": 5,
+            "partitioner": "murmur2_random",
+            "linger.ms": self.linger_ms,
+            "batch.size": self.batch_size,
+            "compression.type": self.compression,
+            "delivery.timeout.ms": self.delivery_timeout_ms,
+            **dict(self.extra),
+        }
+        if self.transactional_id:
+            conf["transactional.id"] = self.transactional_id
+            conf["transaction.timeout.ms"] = self.transaction_timeout_ms
+        return conf
+
+
+# ---------------------------------------------------------------------------------------------- producing
+@dataclass(frozen=True)
+class Position:
+    """Where an acknowledged change sits in the log."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class Delivery:
+    """The outcome of one send: :meth:`result` gives its :class:`Position` or raises :class:`ProducerError`."""
+
+    def __init__(self, producer: ChangeProducer, topic: str) -> None:
+        self._producer = producer
+        self.topic = topic
+        self._done = threading.Event()
+        self._position: Position | None = None
+        self._error: str | None = None
+
+    def _complete(self, position: Position | None, error: str | None) -> None:
+        self._position, self._error = position, error
+        self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout_s: float = 30.0) -> Position:
+        """Wait for the broker's acknowledgement and return the position."""
+        if not self._done.is_set():
+            self._producer.flush(timeout_s)
+        if self._error is not None:
+            raise ProducerError(f"write to {self.topic} failed: {self._error}", topic=self.topic)
+        if self._position is None:
+            raise ProducerError(f"write to {self.topic} not acknowledged within {timeout_s}s", topic=self.topic)
+        return self._position
+
+
+class ChangeProducer:
+    """Writes :class:`Change` events for one primary service. Not shareable across processes."""
+
+    def __init__(self, connection: Mapping[str, str], settings: ProducerSettings | None = None) -> None:
+        from confluent_kafka import Producer
+
+        self.settings = settings or ProducerSettings()
+        self._connection = dict(connection)
+        conf = self.settings.client_config(self._connection)
+        conf["logger"] = logging.getLogger(f"{__name__}.librdkafka")
+        conf["error_cb"] = self._on_error
+        self._producer = Producer(conf)
+        self._failures: list[str] = []
+        self._fatal: str | None = None
+        self._known_topics: set[str] = set()
+        self._in_transaction = False
+        self._check_reachable()
+        if self.settings.transactional_id:
+            try:
+                self._producer.init_transactions(self.settings.connect_timeout_s)
+            except Exception as exc:
+                raise ProducerError(f"initialising transactions failed: {exc}") from exc
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self._connection.get("bootstrap.servers", "")
+
+    def _check_reachable(self) -> None:
+        try:
+            self._producer.list_topics(timeout=self.settings.connect_timeout_s)
+        except Exception as exc:
+            raise ProducerError(
+                f"cannot reach Kafka at {self.bootstrap_servers} within {self.settings.connect_timeout_s:.0f}s "
+                f"({exc}): check bootstrap servers and that the broker runs (./replica broker status)"
+            ) from exc
+
+    def _check_topic(self, topic: str) -> None:
+        if topic in self._known_topics:
+            return
+        metadata = self._producer.list_topics(topic=topic, timeout=self.settings.connect_timeout_s)
+        info = metadata.topics.get(topic)
+        if info is None or info.error is not None:
+            raise ProducerError(
+                f"topic {topic!r} does not exist on {self.bootstrap_servers}: create it first "
+                f"(./replica topics create {topic})",
+                topic=topic,
+            )
+        self._known_topics.add(topic)
+
+    def _on_error(self, err: Any) -> None:
+        if err.fatal():
+            self._fatal = str(err)
+            logger.error("fatal Kafka producer error: %s", err)
+        else:
+            logger.warning("Kafka producer: %s", err)
+
+    # ------------------------------------------------------------------ writes
+    def send(self, topic: str, change: Change, headers: Mapping[str, bytes] | None = None) -> Delivery:
+        """Queue one change; returns a :class:`Delivery`. Blocks briefly if the local queue is full."""
+        if self._fatal:
+            raise ProducerError(f"the producer hit a fatal error and must be recreated: {self._fatal}", topic)
+        if self.settings.transactional_id and not self._in_transaction:
+            raise ProducerError("a transactional producer writes only inside `with producer.transaction():`")
+        self._check_topic(topic)
+        delivery = Delivery(self, topic)
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            if err is not None:
+                reason = str(err)
+                self._failures.append(f"{topic}: {reason}")
+                delivery._complete(None, reason)
+            else:
+                delivery._complete(Position(msg.topic(), msg.partition(), msg.offset()), None)
+
+        key, value = encode_key(change.key), encode_value(change)
+        while True:
+            try:
+                self._producer.produce(topic, value=value, key=key, headers=dict(headers or {}) or None,
+                                       on_delivery=on_delivery)  # fmt: skip
+                break
+            except BufferError:
+                self._producer.poll(0.1)  # local queue full: serve callbacks, then retry
+        self._producer.poll(0)
+        return delivery
+
+    def upsert(self, topic: str, key: Mapping[str, Any], data: Mapping[str, Any], seq: int | None = None,
+               ts_ms: int | None = None, table: str | None = None) -> Delivery:  # fmt: skip
+        """Send an upsert of the full row ``data``."""
+        return self.send(topic, Change(key=key, op="upsert", data=data, seq=seq, ts_ms=ts_ms, table=table))
+
+    def delete(self, topic: str, key: Mapping[str, Any], seq: int | None = None, ts_ms: int | None = None,
+               table: str | None = None) -> Delivery:  # fmt: skip
+        """Send an ``op: delete`` envelope."""
+        return self.send(topic, Change(key=key, op="delete", seq=seq, ts_ms=ts_ms, table=table))
+
+    def tombstone(self, topic: str, key: Mapping[str, Any]) -> Delivery:
+        """Send a Kafka tombstone (null value) for ``key``: deletes it, and lets compaction drop it later."""
+        return self.send(topic, Change(key=key, op="delete", tombstone=True))
+
+    def write(self, topic: str, change: Change) -> Position:
+        """Send one change and wait for its acknowledgement (slow: one round trip; prefer :meth:`send`)."""
+        return self.send(topic, change).result(self.settings.delivery_timeout_ms / 1000)
+
+    # ------------------------------------------------------------------ transactions
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[ChangeProducer]:
+        """Writes inside are committed together on normal exit and aborted if the block raises."""
+        if not self.settings.transactional_id:
+            raise ProducerError("transaction() needs ProducerSettings(transactional_id=...)")
+        if self._in_transaction:
+            raise ProducerError("transactions do not nest")
+        self._producer.begin_transaction()
+        self._in_transaction = True
+        try:
+            yield self
+            self.flush()
+            self._producer.commit_transaction(self.settings.transaction_timeout_ms / 1000)
+        except BaseException:
+            try:
+                self._producer.abort_transaction(self.settings.transaction_timeout_ms / 1000)
+            finally:
+                self._failures.clear()  # the aborted writes are reported by the exception itself
+            raise
+        finally:
+            self._in_transaction = False
+
+    # ------------------------------------------------------------------ completion
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until every queued change is acknowledged; raises if any failed or some remain."""
+        timeout = self.settings.delivery_timeout_ms / 1000 if timeout_s is None else timeout_s
+        remaining = self._producer.flush(timeout)
+        if self._failures:
+            failures, self._failures = self._failures, []
+            raise ProducerError(f"{len(failures)} change(s) were not written; first: {failures[0]}")
+        if remaining:
+            raise ProducerError(f"{remaining} change(s) still unacknowledged after {timeout:.0f}s")
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Flush everything; the producer must not be used afterwards."""
+        self.flush(timeout_s)
+
+    def __enter__(self) -> ChangeProducer:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            with contextlib.suppress(ProducerError):
+                self._producer.flush(5)

@@ -1,0 +1,77 @@
+"""How far a replica has applied the log: from the Spark checkpoint, and from the Delta commits themselves."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from replica_lib.config import Target
+
+logger = logging.getLogger(__name__)
+
+#: topic -> partition -> next offset to read (Spark's convention: the end offset is exclusive).
+Offsets = dict[str, dict[int, int]]
+
+
+def _read_lines(spark: SparkSession, path: str) -> list[str]:
+    return [row.value for row in spark.read.text(path).collect()]
+
+
+def checkpoint_generation(spark: SparkSession, checkpoint: str) -> str:
+    """The id Spark gave this checkpoint when it was created; a new checkpoint folder gets a new one."""
+    metadata = json.loads(_read_lines(spark, f"{checkpoint.rstrip('/')}/metadata")[0])
+    return str(metadata["id"])
+
+
+def batch_end_offsets(spark: SparkSession, checkpoint: str, batch_id: int) -> Offsets:
+    """The Kafka end offsets of micro-batch ``batch_id``, from Spark's offset log (written before it runs)."""
+    lines = _read_lines(spark, f"{checkpoint.rstrip('/')}/offsets/{batch_id}")
+    # Line 0 is the log version, line 1 the batch metadata, then one line per source (we have one).
+    source = json.loads(lines[2])
+    return {topic: {int(p): int(o) for p, o in parts.items()} for topic, parts in source.items()}
+
+
+@dataclass(frozen=True)
+class AppliedVersion:
+    """What one Delta commit of a replica table says about itself."""
+
+    version: int
+    replica: str
+    batch_id: int
+    generation: str
+    offsets: Offsets
+
+
+def _parse(version: int, user_metadata: str | None) -> AppliedVersion | None:
+    if not user_metadata:
+        return None
+    try:
+        data: dict[str, Any] = json.loads(user_metadata)
+        offsets = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in data["offsets"].items()}
+        return AppliedVersion(version, data["replica"], int(data["batch_id"]), data["generation"], offsets)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def applied_offsets(spark: SparkSession, target: Target, version: int | None = None) -> AppliedVersion | None:
+    """The Kafka offsets that a table version reflects (the latest version if None).
+
+    That is the newest replica commit at or before ``version``: every record below these offsets has been
+    applied to the table, and none at or above them.
+    """
+    from delta.tables import DeltaTable
+
+    table = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, target.table)
+    history = table.history().select("version", "userMetadata")
+    if version is not None:
+        history = history.where(F.col("version") <= version)
+    for row in history.where(F.col("userMetadata").isNotNull()).orderBy(F.col("version").desc()).collect():
+        parsed = _parse(int(row["version"]), row["userMetadata"])
+        if parsed is not None:
+            return parsed
+    return None

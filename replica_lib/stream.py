@@ -1,0 +1,71 @@
+"""Start and run one replica: one Structured Streaming query, named after the replica."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from replica_lib.batch import BatchStats, make_batch_handler
+from replica_lib.config import ReplicaConfig
+from replica_lib.source import read_changes
+from replica_lib.target import ensure_replica_tables
+
+logger = logging.getLogger(__name__)
+
+
+def start_replica(
+    spark: SparkSession,
+    cfg: ReplicaConfig,
+    available_now: bool | None = None,
+    on_batch: Callable[[BatchStats], None] | None = None,
+) -> StreamingQuery:
+    """Create missing tables, then start the replica's query (its own session, so its confs are its own)."""
+    session = spark.newSession()
+    schemas = ensure_replica_tables(session, cfg)
+    handler = make_batch_handler(cfg, schemas, on_batch)
+    writer = (
+        read_changes(session, cfg).writeStream
+        .queryName(cfg.name)
+        .option("checkpointLocation", cfg.checkpoint)
+        .foreachBatch(handler)
+    )  # fmt: skip
+    once = cfg.trigger.available_now if available_now is None else available_now
+    writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=cfg.trigger.interval)
+    query = writer.start()
+    logger.info("replica %s started (query id %s, checkpoint %s, topics %s, %s)", cfg.name, query.id,
+                cfg.checkpoint, ",".join(cfg.topics), "available-now" if once else f"every {cfg.trigger.interval}")  # fmt: skip
+    return query
+
+
+def run_replica(spark: SparkSession, cfg: ReplicaConfig, available_now: bool | None = None) -> None:
+    """Run until the log is drained (available-now) or until SIGTERM/Ctrl-C, which stop after the current batch.
+
+    Raises the query's ``StreamingQueryException`` if a batch fails.
+    """
+    query = start_replica(spark, cfg, available_now)
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        logger.info("replica %s: %s received, stopping after the current batch", cfg.name,
+                    signal.Signals(signum).name)  # fmt: skip
+        stop.set()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while query.isActive and not stop.is_set():
+            query.awaitTermination(0.5)
+        if stop.is_set() and query.isActive:
+            while query.isActive and query.status["isTriggerActive"]:
+                query.awaitTermination(0.2)
+            query.stop()
+        query.awaitTermination()  # re-raises a failure of the query
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    logger.info("replica %s stopped", cfg.name)

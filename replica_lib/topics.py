@@ -1,0 +1,215 @@
+"""Replica topics: create them with safe settings, and say plainly when an existing one is unsafe.
+
+A replica topic is a replication log: it must survive a broker loss (replication factor >= 3 with
+``min.insync.replicas`` = 2 under ``acks=all``) and must keep enough history to rebuild a replica by replay
+(``cleanup.policy=compact`` keeps the latest record per key forever, and delete tombstones for
+``delete.retention.ms``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from replica_lib.errors import TopicError
+
+logger = logging.getLogger(__name__)
+
+DAY_MS = 86_400_000
+Level = Literal["unsafe", "mismatch", "note"]
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """What a replica topic should look like."""
+
+    name: str
+    partitions: int = 6
+    replication_factor: int = 3
+    min_insync_replicas: int = 2
+    compact: bool = True
+    delete_retention_ms: int = 7 * DAY_MS
+    extra: tuple[tuple[str, str], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a topic needs a name")
+        if self.partitions < 1 or self.replication_factor < 1 or self.min_insync_replicas < 1:
+            raise ValueError("partitions, replication_factor and min_insync_replicas must be >= 1")
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError("min_insync_replicas cannot exceed replication_factor: every acks=all write would fail")
+
+    @classmethod
+    def local(cls, name: str, partitions: int = 3, **kwargs: object) -> TopicSpec:
+        """A topic for the single-node embedded broker (replication factor 1)."""
+        return cls(name=name, partitions=partitions, replication_factor=1, min_insync_replicas=1, **kwargs)  # type: ignore[arg-type]
+
+    def configs(self) -> dict[str, str]:
+        conf = {
+            "cleanup.policy": "compact" if self.compact else "delete",
+            "min.insync.replicas": str(self.min_insync_replicas),
+            "delete.retention.ms": str(self.delete_retention_ms),
+            "unclean.leader.election.enable": "false",
+        }
+        if not self.compact:
+            conf["retention.ms"] = "-1"  # a delete-policy log must keep everything to stay rebuildable
+        conf.update(dict(self.extra))
+        return conf
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing wrong with (or worth knowing about) a topic, with the fix."""
+
+    level: Level
+    setting: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.level}] {self.setting}: {self.message}"
+
+
+@dataclass(frozen=True)
+class TopicReport:
+    name: str
+    created: bool
+    partitions: int
+    replication_factor: int
+    configs: Mapping[str, str]
+    findings: tuple[Finding, ...]
+
+    @property
+    def unsafe(self) -> bool:
+        return any(f.level in ("unsafe", "mismatch") for f in self.findings)
+
+
+def assess(
+    partitions: int,
+    replication_factor: int,
+    configs: Mapping[str, str],
+    expected: TopicSpec | None,
+    local: bool,
+) -> tuple[Finding, ...]:
+    """Judge a topic's settings for use as a replication log (pure: no broker needed)."""
+    findings: list[Finding] = []
+    policy = set(configs.get("cleanup.policy", "delete").replace(" ", "").split(","))
+    min_isr = int(configs.get("min.insync.replicas", "1"))
+    retention_ms = int(configs.get("retention.ms", str(7 * DAY_MS)))
+    delete_retention_ms = int(configs.get("delete.retention.ms", str(DAY_MS)))
+
+    if replication_factor < 3:
+        if local:
+            findings.append(Finding("note", "replication.factor",
+                                    f"{replication_factor}: fine for the local sandbox only"))  # fmt: skip
+        else:
+            findings.append(Finding("unsafe", "replication.factor",
+                                    f"{replication_factor}: losing one broker can lose acknowledged changes; "
+                                    "use 3 (recreate the topic or reassign its partitions)"))  # fmt: skip
+    if replication_factor >= 3 and min_isr < 2:
+        findings.append(Finding("unsafe", "min.insync.replicas",
+                                f"{min_isr}: acks=all is then satisfied by a single copy; set it to 2"))  # fmt: skip
+    if "compact" not in policy:
+        if retention_ms >= 0:
+            days = retention_ms / DAY_MS
+            findings.append(Finding("unsafe", "cleanup.policy",
+                                    f"delete with retention.ms={retention_ms} ({days:g} days): changes older than "
+                                    "that are gone, so a replica cannot be rebuilt by replay; use "
+                                    "cleanup.policy=compact"))  # fmt: skip
+    elif "delete" in policy and retention_ms >= 0:
+        findings.append(Finding("unsafe", "cleanup.policy",
+                                f"compact,delete with retention.ms={retention_ms}: keys not written within the "
+                                "retention are deleted, so a rebuild misses them; use compact alone"))  # fmt: skip
+    if "compact" in policy and delete_retention_ms < DAY_MS:
+        findings.append(Finding("unsafe", "delete.retention.ms",
+                                f"{delete_retention_ms} ms: tombstones vanish sooner than a day, so a replica "
+                                "that is down longer misses deletes; set it above your longest outage"))  # fmt: skip
+    if configs.get("unclean.leader.election.enable", "false") == "true":
+        findings.append(Finding("unsafe", "unclean.leader.election.enable",
+                                "true: an out-of-sync replica can become leader and drop acknowledged "
+                                "changes; set it to false"))  # fmt: skip
+    if expected is not None:
+        if partitions != expected.partitions:
+            findings.append(Finding("mismatch", "partitions",
+                                    f"{partitions}, expected {expected.partitions}: partition count decides which "
+                                    "partition a key lives in; changing it re-keys the log"))  # fmt: skip
+        if replication_factor != expected.replication_factor:
+            findings.append(Finding("mismatch", "replication.factor",
+                                    f"{replication_factor}, expected {expected.replication_factor}"))  # fmt: skip
+        for key, want in expected.configs().items():
+            have = configs.get(key)
+            if have is not None and have != want:
+                findings.append(Finding("mismatch", key, f"{have}, expected {want}"))
+    return tuple(findings)
+
+
+class TopicAdmin:
+    """Creates and validates replica topics with confluent-kafka's AdminClient."""
+
+    def __init__(self, connection: Mapping[str, str], timeout_s: float = 15.0) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        self.timeout_s = timeout_s
+        self._bootstrap = connection.get("bootstrap.servers", "")
+        self._admin = AdminClient({**connection, "logger": logging.getLogger(f"{__name__}.librdkafka")})
+        try:
+            self._admin.list_topics(timeout=timeout_s)
+        except Exception as exc:
+            raise TopicError(
+                f"cannot reach Kafka at {self._bootstrap} within {timeout_s:.0f}s ({exc}): check bootstrap "
+                "servers and that the broker runs (./replica broker status)"
+            ) from exc
+
+    def describe(self, name: str) -> tuple[int, int, dict[str, str]] | None:
+        """(partitions, replication factor, configs) of ``name``, or None if it does not exist."""
+        from confluent_kafka.admin import ConfigResource, ResourceType
+
+        metadata = self._admin.list_topics(topic=name, timeout=self.timeout_s)
+        info = metadata.topics.get(name)
+        if info is None or info.error is not None:
+            return None
+        partitions = len(info.partitions)
+        replication = min((len(p.replicas) for p in info.partitions.values()), default=0)
+        resource = ConfigResource(ResourceType.TOPIC, name)
+        entries = self._admin.describe_configs([resource])[resource].result(timeout=self.timeout_s)
+        configs = {key: entry.value for key, entry in entries.items() if entry.value is not None}
+        return partitions, replication, configs
+
+    def validate(self, name: str, expected: TopicSpec | None = None, local: bool = False) -> TopicReport:
+        """Report on an existing topic; raises :class:`TopicError` if it does not exist."""
+        described = self.describe(name)
+        if described is None:
+            raise TopicError(f"topic {name!r} does not exist on {self._bootstrap}: create it "
+                             f"(./replica topics create {name})")  # fmt: skip
+        partitions, replication, configs = described
+        findings = assess(partitions, replication, configs, expected, local)
+        return TopicReport(name, False, partitions, replication, configs, findings)
+
+    def ensure(self, spec: TopicSpec, local: bool = False) -> TopicReport:
+        """Create ``spec`` if it is missing, then validate it against ``spec``."""
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import NewTopic
+
+        created = False
+        if self.describe(spec.name) is None:
+            topic = NewTopic(spec.name, num_partitions=spec.partitions,
+                             replication_factor=spec.replication_factor, config=spec.configs())  # fmt: skip
+            try:
+                self._admin.create_topics([topic], operation_timeout=self.timeout_s)[spec.name].result(
+                    timeout=self.timeout_s
+                )
+                created = True
+                logger.info("created topic %s (%d partitions, rf %d)", spec.name, spec.partitions,
+                            spec.replication_factor)  # fmt: skip
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise TopicError(f"creating topic {spec.name!r} failed: {error.str()}") from exc
+        report = self.validate(spec.name, spec, local)
+        return TopicReport(report.name, created, report.partitions, report.replication_factor, report.configs,
+                           report.findings)  # fmt: skip
+
+    def delete(self, name: str) -> None:
+        """Delete a topic (tests and the sandbox only)."""
+        self._admin.delete_topics([name], operation_timeout=self.timeout_s)[name].result(timeout=self.timeout_s)

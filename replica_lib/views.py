@@ -1,0 +1,25 @@
+"""SQL access: each replica table as a temporary view named after the table."""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+from replica_lib.config import ReplicaConfig
+from replica_lib.errors import ConfigError
+from replica_lib.target import read_table, table_exists
+
+
+def register_views(spark: SparkSession, cfg: ReplicaConfig) -> list[str]:
+    """Register ``<table>`` for each replica table and ``<replica>_quarantine``; returns the view names."""
+    names = []
+    for table in cfg.tables:
+        if not table_exists(spark, table.target):
+            raise ConfigError(cfg.source_file, f"tables.{table.name}.target",
+                              f"no Delta table at {table.target.describe()} yet",
+                              "run the replica first (./spark-submit.sh jobs/materialize.py CONF)")  # fmt: skip
+        read_table(spark, table.target).createOrReplaceTempView(table.name)
+        names.append(table.name)
+    if table_exists(spark, cfg.quarantine):
+        read_table(spark, cfg.quarantine).createOrReplaceTempView(f"{cfg.name}_quarantine")
+        names.append(f"{cfg.name}_quarantine")
+    return names
