@@ -24,7 +24,7 @@ extra=()
 if [[ -z "$master" ]]; then
   extra+=(--master "local[2]" --driver-memory 2g
     --conf spark.driver.host=127.0.0.1 --conf spark.driver.bindAddress=127.0.0.1
-    --conf spark.sql.shuffle.partitions=4)
+    --conf spark.sql.shuffle.partitions=4 --conf spark.databricks.delta.snapshotPartitions=2)
 elif [[ "$master" != local* ]]; then
   mkdir -p "$STATE/dist"
   (cd "$ROOT" && rm -f "$STATE/dist/replica_lib.zip" && "$PY" -m zipfile -c "$STATE/dist/replica_lib.zip" replica_lib >/dev/null)

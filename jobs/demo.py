@@ -81,22 +81,37 @@ def main(argv: list[str]) -> int:
             with ChangeProducer(connection) as producer:
                 logged = loadgen.run(producer, "orders", workload)
             ops = {op: sum(1 for e in logged if e.change.op == op) for op in ("upsert", "delete")}
-            print(f"    acknowledged {len(logged)} changes ({ops['upsert']} upserts, {ops['delete']} deletes), "
-                  f"last at {logged[-1].position}")  # fmt: skip
+            print(
+                f"    acknowledged {len(logged)} changes ({ops['upsert']} upserts, {ops['delete']} deletes), "
+                f"last at {logged[-1].position}"
+            )
 
-            env = {**os.environ, "REPLICA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
-                   "REPLICA_DATA_DIR": str(sandbox / "data")}  # fmt: skip
+            env = {
+                **os.environ,
+                "REPLICA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+                "REPLICA_DATA_DIR": str(sandbox / "data"),
+            }
             log = sandbox / "spark.log"
             step("materializing replica orders_a: ./spark-submit.sh jobs/materialize.py conf/orders_a.toml")
             _submit(["jobs/materialize.py", str(CONF), "--available-now"], env, log)
 
             step("querying the replica with SQL: ./replica sql conf/orders_a.toml ...")
             rows_file = sandbox / "orders.jsonl"
-            _submit(["jobs/sql.py", str(CONF),
-                     "SELECT status, count(*) AS orders, round(sum(amount), 2) AS total FROM orders "
-                     "GROUP BY status ORDER BY status",
-                     f"SELECT {', '.join(COLUMNS)} FROM orders ORDER BY order_id",
-                     "--limit", "5", "--output", str(rows_file)], env, log)  # fmt: skip
+            _submit(
+                [
+                    "jobs/sql.py",
+                    str(CONF),
+                    "SELECT status, count(*) AS orders, round(sum(amount), 2) AS total FROM orders "
+                    "GROUP BY status ORDER BY status",
+                    f"SELECT {', '.join(COLUMNS)} FROM orders ORDER BY order_id",
+                    "--limit",
+                    "5",
+                    "--output",
+                    str(rows_file),
+                ],
+                env,
+                log,
+            )
 
             step("checking the replica against the reference model (fold of the log per key)")
             cfg = load_replica(CONF, env)
@@ -109,14 +124,18 @@ def main(argv: list[str]) -> int:
             missing = wanted.keys() - actual.keys()
             extra = actual.keys() - wanted.keys()
             different = [k for k in wanted.keys() & actual.keys() if wanted[k] != actual[k]]
-            print(f"    primary has {len(wanted)} live orders, replica has {len(actual)}: {len(missing)} missing, "
-                  f"{len(extra)} extra, {len(different)} different")  # fmt: skip
+            print(
+                f"    primary has {len(wanted)} live orders, replica has {len(actual)}: {len(missing)} missing, "
+                f"{len(extra)} extra, {len(different)} different"
+            )
             print("\nstopping the broker")
         if missing or extra or different:
             print("FAILED: the replica differs from the primary", file=sys.stderr)
             return 1
-        print(f"done in {time.monotonic() - step.started:.0f}s: replica orders_a equals the primary. "
-              f"Tables and logs are in {sandbox}")  # fmt: skip
+        print(
+            f"done in {time.monotonic() - step.started:.0f}s: replica orders_a equals the primary. "
+            f"Tables and logs are in {sandbox}"
+        )
         return 0
 
     return guarded(body)

@@ -14,8 +14,11 @@ from replica_lib.stream import run_replica
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="materialize", description="Materialize one replica into Delta.")
     parser.add_argument("conf", help="the replica's file in conf/")
-    parser.add_argument("--available-now", action="store_true",
-                        help="apply everything in the log now, then stop (default: run until SIGTERM/Ctrl-C)")
+    parser.add_argument(
+        "--available-now",
+        action="store_true",
+        help="apply everything in the log now, then stop (default: run until SIGTERM/Ctrl-C)",
+    )
     args = parser.parse_args(argv)
     setup_logging()
 

@@ -102,9 +102,7 @@ def _ivy_module(coordinates: tuple[str, ...]) -> str:
     deps = []
     for coordinate in coordinates:
         org, name, rev = coordinate.split(":")
-        deps.append(
-            f'    <dependency org="{org}" name="{name}" rev="{rev}" conf="default->master,compile,runtime"/>'
-        )
+        deps.append(f'    <dependency org="{org}" name="{name}" rev="{rev}" conf="default->master,compile,runtime"/>')
     return (
         '<ivy-module version="2.0">\n  <info organisation="replica" module="resolved"/>\n'
         "  <dependencies>\n" + "\n".join(deps) + "\n  </dependencies>\n</ivy-module>\n"
@@ -124,12 +122,20 @@ def resolve_jars(java: Java, coordinates: tuple[str, ...], state_dir: Path, name
     log = target / "ivy.log"
     logger.info("resolving %s from Maven Central (first run only) ...", ", ".join(coordinates))
     cmd = [
-        java.executable, "-jar", str(ivy_jar()),
-        "-settings", str(IVY_SETTINGS),
-        "-cache", str(state_dir / "ivy" / "cache"),
-        "-ivy", str(module), "-confs", "default",
-        "-retrieve", str(target / "[artifact]-[revision](-[classifier]).[ext]"),
-    ]  # fmt: skip
+        java.executable,
+        "-jar",
+        str(ivy_jar()),
+        "-settings",
+        str(IVY_SETTINGS),
+        "-cache",
+        str(state_dir / "ivy" / "cache"),
+        "-ivy",
+        str(module),
+        "-confs",
+        "default",
+        "-retrieve",
+        str(target / "[artifact]-[revision](-[classifier]).[ext]"),
+    ]
     try:
         with log.open("w") as out:
             proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=_RESOLVE_TIMEOUT_S)

@@ -42,11 +42,14 @@ class BatchStats:
     offsets: dict[str, dict[int, int]] = field(default_factory=dict)
 
     def line(self, replica: str) -> str:
-        ends = " ".join(f"{t}:{','.join(f'{p}={o}' for p, o in sorted(parts.items()))}"
-                        for t, parts in sorted(self.offsets.items()))  # fmt: skip
-        return (f"replica {replica} batch {self.batch_id}: {self.records} records in, {self.duplicates} duplicates "
-                f"dropped, {self.upserts} upserts, {self.deletes} deletes, {self.quarantined} quarantined, "
-                f"{self.seconds:.2f}s, offsets {ends or '-'}")  # fmt: skip
+        ends = " ".join(
+            f"{t}:{','.join(f'{p}={o}' for p, o in sorted(parts.items()))}" for t, parts in sorted(self.offsets.items())
+        )
+        return (
+            f"replica {replica} batch {self.batch_id}: {self.records} records in, {self.duplicates} duplicates "
+            f"dropped, {self.upserts} upserts, {self.deletes} deletes, {self.quarantined} quarantined, "
+            f"{self.seconds:.2f}s, offsets {ends or '-'}"
+        )
 
 
 def app_id(replica: str, table: str, generation: str) -> str:
@@ -86,8 +89,12 @@ def make_batch_handler(
             generations["id"] = checkpoint_generation(spark, cfg.checkpoint)
         generation = generations["id"]
         stats = BatchStats(batch_id=batch_id, offsets=batch_end_offsets(spark, cfg.checkpoint, batch_id))
-        metadata = {"replica": cfg.name, "batch_id": batch_id, "generation": generation,
-                    "offsets": {t: {str(p): o for p, o in parts.items()} for t, parts in stats.offsets.items()}}  # fmt: skip
+        metadata = {
+            "replica": cfg.name,
+            "batch_id": batch_id,
+            "generation": generation,
+            "offsets": {t: {str(p): o for p, o in parts.items()} for t, parts in stats.offsets.items()},
+        }
 
         raw_df = batch_df.persist()
         try:
@@ -97,31 +104,45 @@ def make_batch_handler(
                 logger.info(stats.line(cfg.name))
                 return
             unique_df = dedup(raw_df)
-            env_df = decode.envelopes(unique_df, cfg, schemas).persist()
+            # Each stage is checkpointed locally: it truncates the plan, so later stages (and Delta's MERGE,
+            # which plans its source several times) do not re-analyse the decoding expressions.
+            env_df = decode.envelopes(unique_df, cfg, schemas).localCheckpoint()
             stats.duplicates = stats.records - env_df.count()
             rejected = [env_df.where(F.col("_error").isNotNull() & F.col("_table").isNull())]
             for table in cfg.tables:
                 schema = schemas[table.name]
-                changes_df = decode.table_changes(env_df, schema).persist()
+                changes_df = decode.table_changes(env_df, schema).localCheckpoint()
                 rejected.append(decode.rejected(changes_df))
-                winners_df = _winners(spark, decode.valid(changes_df), schema, app_id(cfg.name, table.name,
-                                                                                    generation), batch_id)  # fmt: skip
-                counts = {row["_op"]: row["n"] for row in winners_df.groupBy("_op").agg(F.count("*").alias("n")).collect()}
+                winners_df = _winners(
+                    spark,
+                    decode.valid(changes_df),
+                    schema,
+                    app_id(cfg.name, table.name, generation),
+                    batch_id,
+                )
+                counts = {
+                    row["_op"]: row["n"] for row in winners_df.groupBy("_op").agg(F.count("*").alias("n")).collect()
+                }
                 stats.upserts += counts.get("upsert", 0)
                 stats.deletes += counts.get("delete", 0)
                 table_app = app_id(cfg.name, table.name, generation)
-                merge_tombstones(spark, tombstone_target(table), winners_df, schema,
-                                 Commit(f"{table_app}:tombstones", batch_id, metadata))  # fmt: skip
+                merge_tombstones(
+                    spark,
+                    tombstone_target(table),
+                    winners_df,
+                    schema,
+                    Commit(f"{table_app}:tombstones", batch_id, metadata),
+                )
                 merge_rows(spark, table.target, winners_df, schema, Commit(table_app, batch_id, metadata))
-                winners_df.unpersist()
-                changes_df.unpersist()
             quarantine_df = quarantine_rows(_union(rejected), cfg.name, batch_id).persist()
             stats.quarantined = quarantine_df.count()
             if stats.quarantined:
-                append_quarantine(cfg.quarantine, quarantine_df,
-                                  Commit(app_id(cfg.name, "_quarantine", generation), batch_id, metadata))  # fmt: skip
+                append_quarantine(
+                    cfg.quarantine,
+                    quarantine_df,
+                    Commit(app_id(cfg.name, "_quarantine", generation), batch_id, metadata),
+                )
             quarantine_df.unpersist()
-            env_df.unpersist()
         finally:
             raw_df.unpersist()
         stats.seconds = time.monotonic() - started
@@ -141,7 +162,7 @@ def _union(frames: list[DataFrame]) -> DataFrame:
 
 
 def _winners(spark: object, valid_df: DataFrame, schema: TableSchema, table_app: str, batch_id: int) -> DataFrame:
-    """The changes of this batch that win and are newer than the table's state, one per key (persisted)."""
+    """The changes of this batch that win and are newer than the table's state, one per key (materialized)."""
     from pyspark.sql import SparkSession
 
     assert isinstance(spark, SparkSession)
@@ -155,4 +176,4 @@ def _winners(spark: object, valid_df: DataFrame, schema: TableSchema, table_app:
         ~((F.col("_app_id") == F.lit(f"{table_app}:tombstones")) & (F.col("_batch_id") == batch_id))
     ).join(batch_keys, list(keys), "left_semi")
     current_df = current_versions(keys, rows_state.select(*version_cols), tomb_state.select(*version_cols))
-    return latest_per_key(valid_df, keys, current_df).persist()
+    return latest_per_key(valid_df, keys, current_df).localCheckpoint()

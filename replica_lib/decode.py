@@ -28,8 +28,22 @@ DEBEZIUM_OUTER = "schema STRING, payload STRING, op STRING, _corrupt STRING"
 DEBEZIUM_PAYLOAD = "before STRING, after STRING, op STRING, ts_ms LONG, source STRING, _corrupt STRING"
 _DEBEZIUM_UPSERT_OPS = ("c", "r", "u")
 
-ENVELOPE_COLUMNS = ("_topic", "_partition", "_offset", "_kafka_ts", "_key", "_value", "_table", "_op", "_seq",
-                    "_event_ts", "_tombstone", "_key_json", "_data_json", "_error")  # fmt: skip
+ENVELOPE_COLUMNS = (
+    "_topic",
+    "_partition",
+    "_offset",
+    "_kafka_ts",
+    "_key",
+    "_value",
+    "_table",
+    "_op",
+    "_seq",
+    "_event_ts",
+    "_tombstone",
+    "_key_json",
+    "_data_json",
+    "_error",
+)
 CHANGE_COLUMNS = ("_op", "_seq", "_tombstone", "_topic", "_partition", "_offset", "_event_ts")
 
 
@@ -63,19 +77,21 @@ def _route(tables: Sequence[TableConfig], named: Column) -> tuple[Column, Column
     names = [t.name for t in tables]
     default = F.lit(names[0]) if len(names) == 1 else F.lit(None).cast("string")
     table = F.when(named.isNull(), default).when(named.isin(names), named).otherwise(F.lit(None).cast("string"))
-    error = (
-        F.when(named.isNotNull() & ~named.isin(names),
-               F.concat(F.lit("unknown table '"), named, F.lit(f"' (this topic carries: {', '.join(names)})")))
-        .when(named.isNull() & F.lit(len(names) > 1),
-              F.lit(f"no table field on a topic that carries several tables ({', '.join(names)})"))
-    )  # fmt: skip
+    error = F.when(
+        named.isNotNull() & ~named.isin(names),
+        F.concat(F.lit("unknown table '"), named, F.lit(f"' (this topic carries: {', '.join(names)})")),
+    ).when(
+        named.isNull() & F.lit(len(names) > 1),
+        F.lit(f"no table field on a topic that carries several tables ({', '.join(names)})"),
+    )
     return table, error
 
 
 def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig]) -> DataFrame:
     """Envelopes of the native format (DESIGN.md §3)."""
     text = F.col("_value").cast("string")
-    env = F.from_json(text, NATIVE_ENVELOPE, _PERMISSIVE)
+    parsed_df = _raw(raw_df).withColumn("_env", F.from_json(text, NATIVE_ENVELOPE, _PERMISSIVE))
+    env = F.col("_env")
     is_tombstone = F.col("_value").isNull()
     op = env["op"]
     table, route_error = _route(tables, env["table"])
@@ -83,41 +99,58 @@ def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig]) -> DataFr
         (F.col("_key").isNull(), "missing key: the Kafka record key is null"),
         (is_tombstone, _no_error()),
         (F.json_object_keys(text).isNull(), "value is not a JSON object"),
-        (env["_corrupt"].isNotNull(), "envelope has a field of the wrong type (op and table are strings, "
-                                      "seq and ts_ms integers)"),
+        (
+            env["_corrupt"].isNotNull(),
+            "envelope has a field of the wrong type (op and table are strings, seq and ts_ms integers)",
+        ),
         (op.isNull(), "missing op"),
-        (~op.isin("upsert", "delete"), F.concat(F.lit("unknown op '"), op, F.lit("' (expected upsert or delete)"))),
+        (
+            ~op.isin("upsert", "delete"),
+            F.concat(F.lit("unknown op '"), op, F.lit("' (expected upsert or delete)")),
+        ),
         (route_error.isNotNull(), route_error),
         ((op == "upsert") & env["data"].isNull(), "upsert without data"),
-    )  # fmt: skip
-    return _raw(raw_df).select(
+    )
+    return parsed_df.select(
         *_raw_columns(),
         F.when(is_tombstone, F.lit(tables[0].name) if len(tables) == 1 else F.lit(None).cast("string"))
-        .otherwise(table).alias("_table"),
+        .otherwise(table)
+        .alias("_table"),
         F.when(is_tombstone, F.lit("delete")).otherwise(op).alias("_op"),
         F.when(is_tombstone, F.lit(None).cast("long")).otherwise(env["seq"]).alias("_seq"),
         F.timestamp_millis(env["ts_ms"]).alias("_event_ts"),
         is_tombstone.alias("_tombstone"),
         F.col("_key").cast("string").alias("_key_json"),
         env["data"].alias("_data_json"),
-        F.when(is_tombstone & F.lit(len(tables) > 1),
-               F.lit("a tombstone on a topic that carries several tables cannot name its table; "
-                     "send op=delete with a table field instead"))
-        .otherwise(error).alias("_error"),
-    )  # fmt: skip
+        F.when(
+            is_tombstone & F.lit(len(tables) > 1),
+            F.lit(
+                "a tombstone on a topic that carries several tables cannot name its table; "
+                "send op=delete with a table field instead"
+            ),
+        )
+        .otherwise(error)
+        .alias("_error"),
+    )
 
 
 def debezium_envelopes(raw_df: DataFrame, table: TableConfig, data_columns: Sequence[str]) -> DataFrame:
     """Envelopes of Debezium's JSON format, with or without the ``schema``/``payload`` wrapper."""
     text = F.col("_value").cast("string")
-    outer = F.from_json(text, DEBEZIUM_OUTER, _PERMISSIVE)
-    wrapped = outer["payload"].isNotNull() & outer["op"].isNull()
-    payload_text = F.when(wrapped, outer["payload"]).otherwise(text)
-    payload = F.from_json(payload_text, DEBEZIUM_PAYLOAD, _PERMISSIVE)
     key_text = F.col("_key").cast("string")
-    key_outer = F.from_json(key_text, "schema STRING, payload STRING")
-    key_json = F.when(key_outer["schema"].isNotNull() & key_outer["payload"].isNotNull(), key_outer["payload"]) \
-        .otherwise(key_text)  # fmt: skip
+    outer = F.col("_outer")
+    wrapped = outer["payload"].isNotNull() & outer["op"].isNull()
+    staged_df = (
+        _raw(raw_df)
+        .withColumn("_outer", F.from_json(text, DEBEZIUM_OUTER, _PERMISSIVE))
+        .withColumn("_payload_text", F.when(wrapped, outer["payload"]).otherwise(text))
+        .withColumn("_payload", F.from_json(F.col("_payload_text"), DEBEZIUM_PAYLOAD, _PERMISSIVE))
+        .withColumn("_key_outer", F.from_json(key_text, "schema STRING, payload STRING"))
+    )
+    payload_text, payload, key_outer = F.col("_payload_text"), F.col("_payload"), F.col("_key_outer")
+    key_json = F.when(
+        key_outer["schema"].isNotNull() & key_outer["payload"].isNotNull(), key_outer["payload"]
+    ).otherwise(key_text)
     is_tombstone = F.col("_value").isNull()
     dbz_op = payload["op"]
     is_upsert = dbz_op.isin(*_DEBEZIUM_UPSERT_OPS)
@@ -132,11 +165,13 @@ def debezium_envelopes(raw_df: DataFrame, table: TableConfig, data_columns: Sequ
         (F.json_object_keys(text).isNull(), "value is not a JSON object"),
         (payload["_corrupt"].isNotNull(), "Debezium payload has a field of the wrong type"),
         (dbz_op.isNull(), "missing op in the Debezium payload"),
-        (~dbz_op.isin(*_DEBEZIUM_UPSERT_OPS, "d"),
-         F.concat(F.lit("unsupported Debezium op '"), dbz_op, F.lit("' (expected c, r, u or d)"))),
+        (
+            ~dbz_op.isin(*_DEBEZIUM_UPSERT_OPS, "d"),
+            F.concat(F.lit("unsupported Debezium op '"), dbz_op, F.lit("' (expected c, r, u or d)")),
+        ),
         (is_upsert & payload["after"].isNull(), "Debezium change without 'after'"),
-    )  # fmt: skip
-    return _raw(raw_df).select(
+    )
+    return staged_df.select(
         *_raw_columns(),
         F.lit(table.name).alias("_table"),
         F.when(is_tombstone | (dbz_op == "d"), F.lit("delete")).otherwise(F.lit("upsert")).alias("_op"),
@@ -171,14 +206,23 @@ def table_changes(env_df: DataFrame, schema: TableSchema) -> DataFrame:
     """One table's envelopes with typed key and row columns; contract violations get an ``_error``."""
     table = schema.table
     keys = list(table.keys)
-    key_struct = F.from_json(F.col("_key_json"), _with_corrupt(schema.key_schema), _PERMISSIVE)
-    data_struct = F.from_json(F.col("_data_json"), _with_corrupt(schema.data), _PERMISSIVE)
+    staged_df = (
+        env_df.where(F.col("_table") == table.name)
+        .withColumn("_k", F.from_json(F.col("_key_json"), _with_corrupt(schema.key_schema), _PERMISSIVE))
+        .withColumn("_d", F.from_json(F.col("_data_json"), _with_corrupt(schema.data), _PERMISSIVE))
+    )
+    key_struct, data_struct = F.col("_k"), F.col("_d")
     is_upsert = F.col("_op") == "upsert"
-    bad_columns = F.concat_ws(", ", *[
-        F.when(F.get_json_object(F.col("_data_json"), f"$.{f.name}").isNotNull() & data_struct[f.name].isNull(),
-               F.lit(f"{f.name} ({f.dataType.simpleString()})"))
-        for f in schema.data.fields
-    ])  # fmt: skip
+    bad_columns = F.concat_ws(
+        ", ",
+        *[
+            F.when(
+                F.get_json_object(F.col("_data_json"), f"$.{f.name}").isNotNull() & data_struct[f.name].isNull(),
+                F.lit(f"{f.name} ({f.dataType.simpleString()})"),
+            )
+            for f in schema.data.fields
+        ],
+    )
     key_missing = reduce(lambda a, b: a | b, [key_struct[k].isNull() for k in keys])
     key_differs = reduce(lambda a, b: a | b, [~key_struct[k].eqNullSafe(data_struct[k]) for k in keys])
     sequenced = table.sequence_by is not None
@@ -188,23 +232,34 @@ def table_changes(env_df: DataFrame, schema: TableSchema) -> DataFrame:
         seq = F.col("_seq")
     error = _first_error(
         (F.col("_error").isNotNull(), F.col("_error")),
-        (F.json_object_keys(F.col("_key_json")).isNull(),
-         f"key is not a JSON object of the key columns ({', '.join(keys)})"),
-        (key_struct["_corrupt"].isNotNull(), f"key has a column of the wrong type (expected "
-         f"{', '.join(f'{f.name} {f.dataType.simpleString()}' for f in schema.key_schema.fields)})"),
+        (
+            F.json_object_keys(F.col("_key_json")).isNull(),
+            f"key is not a JSON object of the key columns ({', '.join(keys)})",
+        ),
+        (
+            key_struct["_corrupt"].isNotNull(),
+            f"key has a column of the wrong type (expected "
+            f"{', '.join(f'{f.name} {f.dataType.simpleString()}' for f in schema.key_schema.fields)})",
+        ),
         (key_missing, f"key lacks a key column ({', '.join(keys)})"),
-        (is_upsert & data_struct["_corrupt"].isNotNull() & (bad_columns != ""),
-         F.concat(F.lit("data does not match the table schema: "), bad_columns)),
+        (
+            is_upsert & data_struct["_corrupt"].isNotNull() & (bad_columns != ""),
+            F.concat(F.lit("data does not match the table schema: "), bad_columns),
+        ),
         (is_upsert & data_struct["_corrupt"].isNotNull(), "data is not a JSON object of the table's columns"),
         (is_upsert & key_differs, "the record key does not match the key columns in data"),
-        (F.lit(sequenced) & ~F.col("_tombstone") & seq.isNull(),
-         f"missing sequence: table {table.name} is ordered by {table.sequence_by}"),
-    )  # fmt: skip
+        (
+            F.lit(sequenced) & ~F.col("_tombstone") & seq.isNull(),
+            f"missing sequence: table {table.name} is ordered by {table.sequence_by}",
+        ),
+    )
     row_columns = [
-        (key_struct[f.name] if f.name in keys else F.when(is_upsert, data_struct[f.name])).cast(f.dataType).alias(f.name)
+        (key_struct[f.name] if f.name in keys else F.when(is_upsert, data_struct[f.name]))
+        .cast(f.dataType)
+        .alias(f.name)
         for f in schema.kept.fields
-    ]  # fmt: skip
-    return env_df.where(F.col("_table") == table.name).select(
+    ]
+    return staged_df.select(
         *row_columns,
         F.col("_op"),
         seq.alias("_seq"),

@@ -58,7 +58,7 @@ def _delta_table(spark: SparkSession, target: Target) -> Any:
 
     if target.path:
         return DeltaTable.forPath(spark, target.path)
-    return DeltaTable.forName(spark, target.table)
+    return DeltaTable.forName(spark, str(target.table))
 
 
 def _on_keys(keys: tuple[str, ...]) -> Column:
@@ -71,9 +71,14 @@ def _on_keys(keys: tuple[str, ...]) -> Column:
 
 
 def _source_newer(target_prefix: str = "t") -> Column:
-    return newer(F.col("s._seq"), F.col("s._partition"), F.col("s._offset"),
-                 F.col(f"{target_prefix}._src_seq"), F.col(f"{target_prefix}._src_partition"),
-                 F.col(f"{target_prefix}._src_offset"))  # fmt: skip
+    return newer(
+        F.col("s._seq"),
+        F.col("s._partition"),
+        F.col("s._offset"),
+        F.col(f"{target_prefix}._src_seq"),
+        F.col(f"{target_prefix}._src_partition"),
+        F.col(f"{target_prefix}._src_offset"),
+    )
 
 
 def _provenance() -> dict[str, Column]:
@@ -81,52 +86,58 @@ def _provenance() -> dict[str, Column]:
     return {name: F.col(src) for name, src in zip(PROVENANCE_COLUMNS, sources, strict=True)}
 
 
-def merge_rows(spark: SparkSession, target: Target, winners_df: DataFrame, schema: TableSchema,
-               commit: Commit) -> None:  # fmt: skip
+def merge_rows(spark: SparkSession, target: Target, winners_df: DataFrame, schema: TableSchema, commit: Commit) -> None:
     """Apply one winning change per key to the replica table: newer deletes delete, newer upserts upsert."""
     is_delete, is_upsert = F.col("s._op") == "delete", F.col("s._op") == "upsert"
     values = {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in schema.kept.fields} | _provenance()
     with idempotent(spark, commit):
         (
-            _delta_table(spark, target).alias("t")
+            _delta_table(spark, target)
+            .alias("t")
             .merge(winners_df.alias("s"), _on_keys(schema.table.keys))
             .whenMatchedDelete(condition=is_delete & _source_newer())
             .whenMatchedUpdate(condition=is_upsert & _source_newer(), set=values)
             .whenNotMatchedInsert(condition=is_upsert, values=values)
             .execute()
-        )  # fmt: skip
+        )
 
 
-def merge_tombstones(spark: SparkSession, target: Target, winners_df: DataFrame, schema: TableSchema,
-                     commit: Commit) -> None:  # fmt: skip
+def merge_tombstones(
+    spark: SparkSession, target: Target, winners_df: DataFrame, schema: TableSchema, commit: Commit
+) -> None:
     """Retain the newest delete per key, and drop it once a newer upsert re-inserts the key."""
     is_delete, is_upsert = F.col("s._op") == "delete", F.col("s._op") == "upsert"
     values = (
         {f"`{k}`": F.col(f"s.`{k}`") for k in schema.table.keys}
         | _provenance()
-        | {"_deleted_at": F.current_timestamp(), "_app_id": F.lit(commit.app_id),
-           "_batch_id": F.lit(commit.batch_id).cast("long")}
-    )  # fmt: skip
+        | {
+            "_deleted_at": F.current_timestamp(),
+            "_app_id": F.lit(commit.app_id),
+            "_batch_id": F.lit(commit.batch_id).cast("long"),
+        }
+    )
     with idempotent(spark, commit):
         (
-            _delta_table(spark, target).alias("t")
+            _delta_table(spark, target)
+            .alias("t")
             .merge(winners_df.alias("s"), _on_keys(schema.table.keys))
             .whenMatchedUpdate(condition=is_delete & _source_newer(), set=values)
             .whenMatchedDelete(condition=is_upsert & _source_newer())
             .whenNotMatchedInsert(condition=is_delete, values=values)
             .execute()
-        )  # fmt: skip
+        )
 
 
 def append_quarantine(target: Target, rows_df: DataFrame, commit: Commit) -> None:
     """Append rejected records to the quarantine table (an idempotent append)."""
     writer = (
-        rows_df.write.format("delta").mode("append")
+        rows_df.write.format("delta")
+        .mode("append")
         .option("txnAppId", commit.app_id)
         .option("txnVersion", commit.batch_id)
         .option("userMetadata", commit.user_metadata())
-    )  # fmt: skip
+    )
     if target.path:
         writer.save(target.path)
     else:
-        writer.saveAsTable(target.table)
+        writer.saveAsTable(str(target.table))

@@ -23,13 +23,21 @@ def dedup(raw_df: DataFrame) -> DataFrame:
     return raw_df.dropDuplicates(list(COORDINATES))
 
 
-def newer(seq: Column, partition: Column, offset: Column, than_seq: Column, than_partition: Column,
-          than_offset: Column) -> Column:  # fmt: skip
+def newer(
+    seq: Column,
+    partition: Column,
+    offset: Column,
+    than_seq: Column,
+    than_partition: Column,
+    than_offset: Column,
+) -> Column:
     """Whether version (seq, partition, offset) is greater than the other; anything beats no version."""
     lowest = F.lit(_MIN_SEQ).cast("long")
     a, b = F.coalesce(seq, lowest), F.coalesce(than_seq, lowest)
-    return than_offset.isNull() | (a > b) | (
-        (a == b) & ((partition > than_partition) | ((partition == than_partition) & (offset > than_offset)))
+    return (
+        than_offset.isNull()
+        | (a > b)
+        | ((a == b) & ((partition > than_partition) | ((partition == than_partition) & (offset > than_offset))))
     )
 
 
@@ -69,7 +77,15 @@ def latest_per_key(changes_df: DataFrame, keys: Sequence[str], current_df: DataF
         with_state.withColumn("_seq", F.when(F.col("_tombstone"), inherited).otherwise(F.col("_seq")))
         .withColumn("_rank", F.row_number().over(by_version))
         .where(F.col("_rank") == 1)
-        .where(newer(F.col("_seq"), F.col("_partition"), F.col("_offset"),
-                     F.col("_cur_seq"), F.col("_cur_partition"), F.col("_cur_offset")))  # fmt: skip
+        .where(
+            newer(
+                F.col("_seq"),
+                F.col("_partition"),
+                F.col("_offset"),
+                F.col("_cur_seq"),
+                F.col("_cur_partition"),
+                F.col("_cur_offset"),
+            )
+        )
         .drop("_rank", "_cur_seq", "_cur_partition", "_cur_offset")
     )

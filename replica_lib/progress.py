@@ -66,7 +66,7 @@ def applied_offsets(spark: SparkSession, target: Target, version: int | None = N
     """
     from delta.tables import DeltaTable
 
-    table = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, target.table)
+    table = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, str(target.table))
     history = table.history().select("version", "userMetadata")
     if version is not None:
         history = history.where(F.col("version") <= version)

@@ -9,6 +9,7 @@ from pyspark.sql import SparkSession
 
 from replica_lib import artifacts
 from replica_lib.config import LocalSettings
+from replica_lib.errors import SetupError
 
 logger = logging.getLogger(__name__)
 
@@ -29,13 +30,17 @@ def session_conf(settings: LocalSettings, master: str | None, ui: bool) -> dict[
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
     }
     if master is not None and master.startswith("local"):
-        conf.update({
-            "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1",
-            "spark.sql.shuffle.partitions": "4",
-            "spark.default.parallelism": "4",
-            "spark.driver.memory": "2g",
-        })  # fmt: skip
+        conf.update(
+            {
+                "spark.driver.host": "127.0.0.1",
+                "spark.driver.bindAddress": "127.0.0.1",
+                "spark.sql.shuffle.partitions": "4",
+                "spark.default.parallelism": "4",
+                # Delta rebuilds a table's snapshot with 50 tasks by default: minutes of overhead on 2 cores.
+                "spark.databricks.delta.snapshotPartitions": "2",
+                "spark.driver.memory": "2g",
+            }
+        )
     return conf
 
 
@@ -52,7 +57,15 @@ def build_session(
         builder = builder.master(master)
     for key, value in {**session_conf(settings, master, ui), **dict(extra or {})}.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # the JVM did not start: Java or the first jar download are the usual causes
+        raise SetupError(
+            f"Spark could not start ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}). On a first "
+            f"run this is usually the download of {', '.join(artifacts.SPARK_PACKAGES)} from Maven Central: "
+            f"look for 'unresolved dependency' above, check network or proxy access, and retry (jars are cached "
+            f"in {settings.state_dir / 'ivy'} after one success). Otherwise check Java 17+ (JAVA_HOME)."
+        ) from exc
     spark.sparkContext.setLogLevel("WARN")
     logger.info("Spark %s session %r ready (master %s)", spark.version, app_name, spark.sparkContext.master)
     return spark

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+import socket
+import time
 
 from pyspark.sql import DataFrame, SparkSession
 
 from replica_lib.config import ReplicaConfig
+from replica_lib.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -14,18 +17,54 @@ logger = logging.getLogger(__name__)
 def source_options(cfg: ReplicaConfig, starting_offsets: str | None = None) -> dict[str, str]:
     """Options for ``spark.readStream.format("kafka")``; any ``kafka.*`` option of the config passes through."""
     options = cfg.kafka.spark_options()
-    options.update({
-        "subscribe": ",".join(cfg.topics),
-        "startingOffsets": starting_offsets or cfg.source.starting_offsets,
-        "failOnDataLoss": "true" if cfg.source.fail_on_data_loss else "false",
-        # An aborted transaction is never applied; records above the last stable offset wait.
-        "kafka.isolation.level": "read_committed",
-        "groupIdPrefix": f"replica-{cfg.name}",
-        "includeHeaders": "false",
-    })  # fmt: skip
+    options.update(
+        {
+            "subscribe": ",".join(cfg.topics),
+            "startingOffsets": starting_offsets or cfg.source.starting_offsets,
+            "failOnDataLoss": "true" if cfg.source.fail_on_data_loss else "false",
+            # An aborted transaction is never applied; records above the last stable offset wait.
+            "kafka.isolation.level": "read_committed",
+            "groupIdPrefix": f"replica-{cfg.name}",
+            "includeHeaders": "false",
+        }
+    )
     if cfg.source.max_offsets_per_trigger:
         options["maxOffsetsPerTrigger"] = str(cfg.source.max_offsets_per_trigger)
     return options
+
+
+def check_reachable(cfg: ReplicaConfig, timeout_s: float = 15.0) -> None:
+    """Fail fast, with the fix, if no bootstrap server accepts a TCP connection within ``timeout_s``.
+
+    Spark's Kafka source would otherwise retry for minutes before the query fails. Only reachability is checked
+    (it works for any security protocol); authentication errors surface from the source itself.
+    """
+    servers = [s.strip() for s in cfg.kafka.bootstrap_servers.split(",") if s.strip()]
+    deadline = time.monotonic() + timeout_s
+    last_error = "no servers"
+    while True:
+        for server in servers:
+            host, _, port = server.rpartition(":")
+            if not host or not port.isdigit():
+                raise ConfigError(
+                    cfg.source_file,
+                    "kafka.bootstrap_servers",
+                    f"{server!r} is not host:port",
+                    'e.g. bootstrap_servers = "broker1:9092,broker2:9092"',
+                )
+            try:
+                with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+                    return
+            except OSError as exc:
+                last_error = f"{server}: {exc.strerror or exc}"
+        if time.monotonic() >= deadline:
+            raise ConfigError(
+                cfg.source_file,
+                "kafka.bootstrap_servers",
+                f"no Kafka broker reachable within {timeout_s:.0f}s ({last_error})",
+                "check the address and that the cluster is up (local: ./replica broker status)",
+            )
+        time.sleep(0.5)  # retry until the deadline: a broker that is starting up gets a moment
 
 
 def read_changes(spark: SparkSession, cfg: ReplicaConfig, starting_offsets: str | None = None) -> DataFrame:

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from types import FrameType
 
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 
 from replica_lib.batch import BatchStats, make_batch_handler
 from replica_lib.config import ReplicaConfig
-from replica_lib.source import read_changes
+from replica_lib.source import check_reachable, read_changes
 from replica_lib.target import ensure_replica_tables
 
 logger = logging.getLogger(__name__)
@@ -26,20 +26,27 @@ def start_replica(
     on_batch: Callable[[BatchStats], None] | None = None,
 ) -> StreamingQuery:
     """Create missing tables, then start the replica's query (its own session, so its confs are its own)."""
+    check_reachable(cfg)
     session = spark.newSession()
     schemas = ensure_replica_tables(session, cfg)
     handler = make_batch_handler(cfg, schemas, on_batch)
     writer = (
-        read_changes(session, cfg).writeStream
-        .queryName(cfg.name)
+        read_changes(session, cfg)
+        .writeStream.queryName(cfg.name)
         .option("checkpointLocation", cfg.checkpoint)
         .foreachBatch(handler)
-    )  # fmt: skip
+    )
     once = cfg.trigger.available_now if available_now is None else available_now
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=cfg.trigger.interval)
     query = writer.start()
-    logger.info("replica %s started (query id %s, checkpoint %s, topics %s, %s)", cfg.name, query.id,
-                cfg.checkpoint, ",".join(cfg.topics), "available-now" if once else f"every {cfg.trigger.interval}")  # fmt: skip
+    logger.info(
+        "replica %s started (query id %s, checkpoint %s, topics %s, %s)",
+        cfg.name,
+        query.id,
+        cfg.checkpoint,
+        ",".join(cfg.topics),
+        "available-now" if once else f"every {cfg.trigger.interval}",
+    )
     return query
 
 
@@ -52,17 +59,16 @@ def run_replica(spark: SparkSession, cfg: ReplicaConfig, available_now: bool | N
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
-        logger.info("replica %s: %s received, stopping after the current batch", cfg.name,
-                    signal.Signals(signum).name)  # fmt: skip
+        logger.info("replica %s: %s received, stopping after the current batch", cfg.name, signal.Signals(signum).name)
         stop.set()
 
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         while query.isActive and not stop.is_set():
-            query.awaitTermination(0.5)
+            query.awaitTermination(1)
         if stop.is_set() and query.isActive:
             while query.isActive and query.status["isTriggerActive"]:
-                query.awaitTermination(0.2)
+                query.awaitTermination(1)
             query.stop()
         query.awaitTermination()  # re-raises a failure of the query
     finally:

@@ -14,35 +14,41 @@ from replica_lib.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 #: Provenance of every replica row: the Kafka record that set it, its sequence and its event time.
-PROVENANCE = T.StructType([
-    T.StructField("_src_topic", T.StringType()),
-    T.StructField("_src_partition", T.IntegerType()),
-    T.StructField("_src_offset", T.LongType()),
-    T.StructField("_src_seq", T.LongType()),
-    T.StructField("_src_event_ts", T.TimestampType()),
-])  # fmt: skip
+PROVENANCE = T.StructType(
+    [
+        T.StructField("_src_topic", T.StringType()),
+        T.StructField("_src_partition", T.IntegerType()),
+        T.StructField("_src_offset", T.LongType()),
+        T.StructField("_src_seq", T.LongType()),
+        T.StructField("_src_event_ts", T.TimestampType()),
+    ]
+)
 PROVENANCE_COLUMNS = tuple(field.name for field in PROVENANCE.fields)
 
 #: Extra columns of a tombstone row (besides keys and provenance).
-TOMBSTONE_EXTRA = T.StructType([
-    T.StructField("_deleted_at", T.TimestampType()),
-    T.StructField("_app_id", T.StringType()),
-    T.StructField("_batch_id", T.LongType()),
-])  # fmt: skip
+TOMBSTONE_EXTRA = T.StructType(
+    [
+        T.StructField("_deleted_at", T.TimestampType()),
+        T.StructField("_app_id", T.StringType()),
+        T.StructField("_batch_id", T.LongType()),
+    ]
+)
 
-QUARANTINE_SCHEMA = T.StructType([
-    T.StructField("replica", T.StringType()),
-    T.StructField("batch_id", T.LongType()),
-    T.StructField("topic", T.StringType()),
-    T.StructField("partition", T.IntegerType()),
-    T.StructField("offset", T.LongType()),
-    T.StructField("kafka_timestamp", T.TimestampType()),
-    T.StructField("key", T.BinaryType()),
-    T.StructField("value", T.BinaryType()),
-    T.StructField("table", T.StringType()),
-    T.StructField("reason", T.StringType()),
-    T.StructField("quarantined_at", T.TimestampType()),
-])  # fmt: skip
+QUARANTINE_SCHEMA = T.StructType(
+    [
+        T.StructField("replica", T.StringType()),
+        T.StructField("batch_id", T.LongType()),
+        T.StructField("topic", T.StringType()),
+        T.StructField("partition", T.IntegerType()),
+        T.StructField("offset", T.LongType()),
+        T.StructField("kafka_timestamp", T.TimestampType()),
+        T.StructField("key", T.BinaryType()),
+        T.StructField("value", T.BinaryType()),
+        T.StructField("table", T.StringType()),
+        T.StructField("reason", T.StringType()),
+        T.StructField("quarantined_at", T.TimestampType()),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -72,29 +78,48 @@ def table_schema(table: TableConfig, source_file: str) -> TableSchema:
     try:
         parsed = T.DataType.fromDDL(table.schema)
     except Exception as exc:
-        raise ConfigError(source_file, f"{where}.schema", f"not a valid Spark DDL schema ({exc})",
-                          'e.g. schema = "id BIGINT, name STRING"') from exc  # fmt: skip
+        raise ConfigError(
+            source_file,
+            f"{where}.schema",
+            f"not a valid Spark DDL schema ({exc})",
+            'e.g. schema = "id BIGINT, name STRING"',
+        ) from exc
     if not isinstance(parsed, T.StructType) or not parsed.fields:
         raise ConfigError(source_file, f"{where}.schema", "must list columns", 'e.g. "id BIGINT, name STRING"')
     names = [f.name for f in parsed.fields]
     for column in names:
         if column.startswith("_src_"):
-            raise ConfigError(source_file, f"{where}.schema", f"column {column} uses the reserved _src_ prefix",
-                              "rename it")  # fmt: skip
-    for key_list, label in ((table.keys, "keys"), (table.include_columns, "include_columns"),
-                            (table.exclude_columns, "exclude_columns")):  # fmt: skip
+            raise ConfigError(
+                source_file, f"{where}.schema", f"column {column} uses the reserved _src_ prefix", "rename it"
+            )
+    for key_list, label in (
+        (table.keys, "keys"),
+        (table.include_columns, "include_columns"),
+        (table.exclude_columns, "exclude_columns"),
+    ):
         for column in key_list:
             if column not in names:
-                raise ConfigError(source_file, f"{where}.{label}", f"{column} is not a column of the schema",
-                                  f"use one of {', '.join(names)}")  # fmt: skip
+                raise ConfigError(
+                    source_file,
+                    f"{where}.{label}",
+                    f"{column} is not a column of the schema",
+                    f"use one of {', '.join(names)}",
+                )
     for key in table.keys:
         if key in table.exclude_columns:
-            raise ConfigError(source_file, f"{where}.exclude_columns", f"{key} is a key column",
-                              "key columns are always kept; remove it from exclude_columns")  # fmt: skip
-    if table.sequence_by and table.sequence_by not in names and table.format == "native" \
-            and table.sequence_by != "seq":  # fmt: skip
-        raise ConfigError(source_file, f"{where}.sequence_by", f"{table.sequence_by} is neither the envelope's "
-                          "seq nor a column of the schema", 'use "seq" or a column name')  # fmt: skip
+            raise ConfigError(
+                source_file,
+                f"{where}.exclude_columns",
+                f"{key} is a key column",
+                "key columns are always kept; remove it from exclude_columns",
+            )
+    if table.sequence_by and table.sequence_by not in names and table.format == "native" and table.sequence_by != "seq":
+        raise ConfigError(
+            source_file,
+            f"{where}.sequence_by",
+            f"{table.sequence_by} is neither the envelope's seq nor a column of the schema",
+            'use "seq" or a column name',
+        )
     if table.include_columns:
         wanted = set(table.include_columns) | set(table.keys)
         kept = [f for f in parsed.fields if f.name in wanted]
@@ -104,7 +129,7 @@ def table_schema(table: TableConfig, source_file: str) -> TableSchema:
 
 
 def tombstone_target(table: TableConfig) -> Target:
-    """Where a table's retained tombstones live: beside the table, as ``<path>__tombstones`` or ``<name>__tombstones``."""
+    """Where a table's retained tombstones live: beside it, as ``<path>__tombstones`` or ``<name>__tombstones``."""
     if table.target.path:
         return Target(path=table.target.path.rstrip("/") + "__tombstones")
     return Target(table=f"{table.target.table}__tombstones")
@@ -135,12 +160,15 @@ def ensure_table(spark: SparkSession, target: Target, schema: T.StructType, desc
         have = [(f.name, f.dataType.simpleString()) for f in existing.fields]
         want = [(f.name, f.dataType.simpleString()) for f in schema.fields]
         if have != want:
-            raise ConfigError(target.describe(), "schema",
-                              f"the existing table has columns {have}, the config declares {want}",
-                              "rebuild the replica into a new location, or restore the config's schema")  # fmt: skip
+            raise ConfigError(
+                target.describe(),
+                "schema",
+                f"the existing table has columns {have}, the config declares {want}",
+                "rebuild the replica into a new location, or restore the config's schema",
+            )
         return
     builder = DeltaTable.createIfNotExists(spark).addColumns(schema).comment(description)
-    builder = builder.location(target.path) if target.path else builder.tableName(target.table)
+    builder = builder.location(target.path) if target.path else builder.tableName(str(target.table))
     builder = builder.property("delta.enableDeletionVectors", "true")
     builder.execute()
     logger.info("created Delta table %s", target.describe())
@@ -152,8 +180,12 @@ def ensure_replica_tables(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, 
     for table in cfg.tables:
         schema = table_schema(table, cfg.source_file)
         ensure_table(spark, table.target, schema.replica_schema, f"replica {cfg.name}: table {table.name}")
-        ensure_table(spark, tombstone_target(table), schema.tombstone_schema,
-                     f"replica {cfg.name}: retained deletes of {table.name}")  # fmt: skip
+        ensure_table(
+            spark,
+            tombstone_target(table),
+            schema.tombstone_schema,
+            f"replica {cfg.name}: retained deletes of {table.name}",
+        )
         schemas[table.name] = schema
     ensure_table(spark, cfg.quarantine, QUARANTINE_SCHEMA, f"replica {cfg.name}: records that could not be applied")
     return schemas

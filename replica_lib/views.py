@@ -14,9 +14,12 @@ def register_views(spark: SparkSession, cfg: ReplicaConfig) -> list[str]:
     names = []
     for table in cfg.tables:
         if not table_exists(spark, table.target):
-            raise ConfigError(cfg.source_file, f"tables.{table.name}.target",
-                              f"no Delta table at {table.target.describe()} yet",
-                              "run the replica first (./spark-submit.sh jobs/materialize.py CONF)")  # fmt: skip
+            raise ConfigError(
+                cfg.source_file,
+                f"tables.{table.name}.target",
+                f"no Delta table at {table.target.describe()} yet",
+                "run the replica first (./spark-submit.sh jobs/materialize.py CONF)",
+            )
         read_table(spark, table.target).createOrReplaceTempView(table.name)
         names.append(table.name)
     if table_exists(spark, cfg.quarantine):
