@@ -40,8 +40,10 @@ def main(argv: list[str]) -> int:
         found = running_broker(data_dir)
         if not found:
             others = [b for b in find_brokers() if b.data_dir != data_dir.resolve()]
-            print("no broker running" + (f" here ({len(others)} other embedded broker(s) on this machine, "
-                                        "e.g. a test run)" if others else ""))  # fmt: skip
+            print(
+                "no broker running"
+                + (f" here ({len(others)} other embedded broker(s) on this machine, e.g. a test run)" if others else "")
+            )
             return 1
         healthy = probe(found[1], 5.0)
         print(f"broker pid {found[0].pid} at {found[1]}: {'healthy' if healthy else 'NOT answering'}")

@@ -14,8 +14,11 @@ from replica_lib.producer import ChangeProducer
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="produce", description="Write a seeded mix of order changes to Kafka.")
     parser.add_argument("topic")
-    parser.add_argument("--bootstrap-servers", default=os.environ.get("REPLICA_BOOTSTRAP_SERVERS"),
-                        help="default: $REPLICA_BOOTSTRAP_SERVERS")
+    parser.add_argument(
+        "--bootstrap-servers",
+        default=os.environ.get("REPLICA_BOOTSTRAP_SERVERS"),
+        help="default: $REPLICA_BOOTSTRAP_SERVERS",
+    )
     parser.add_argument("--keys", type=int, default=200, help="distinct orders (default 200)")
     parser.add_argument("--events", type=int, default=2000, help="changes to write (default 2000)")
     parser.add_argument("--updates", type=float, default=0.6, help="share of updates (default 0.6)")
@@ -27,8 +30,14 @@ def main(argv: list[str]) -> int:
     if not args.bootstrap_servers:
         parser.error("--bootstrap-servers is required (or export REPLICA_BOOTSTRAP_SERVERS)")
     try:
-        workload = loadgen.Workload(keys=args.keys, events=args.events, update_share=args.updates,
-                                    delete_share=args.deletes, rate=args.rate, seed=args.seed)  # fmt: skip
+        workload = loadgen.Workload(
+            keys=args.keys,
+            events=args.events,
+            update_share=args.updates,
+            delete_share=args.deletes,
+            rate=args.rate,
+            seed=args.seed,
+        )
     except ValueError as exc:
         parser.error(str(exc))
 

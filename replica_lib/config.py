@@ -48,7 +48,9 @@ from replica_lib.errors import ConfigError
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_INTERVAL = re.compile(r"^\d+(\.\d+)?\s*(ms|milliseconds?|s|seconds?|m|minutes?|h|hours?)$")
+# What Spark's processingTime trigger parses: a whole number of milliseconds/seconds/minutes/hours (only
+# seconds may have a fraction); Spark rejects abbreviations such as "5s" or "500 ms" when the query starts.
+_INTERVAL = re.compile(r"^(\d+\s+(milliseconds?|seconds?|minutes?|hours?)|\d+\.\d+\s+seconds?)$", re.I)
 _SECRET_HINTS = ("password", "secret", "jaas", "token", "key")
 FORMATS = ("native", "debezium")
 
@@ -190,7 +192,9 @@ class _Reader:
         for key in value:
             if key not in allowed:
                 raise self.fail(
-                    f"{where}.{key}", "unknown key", f"remove it; allowed keys here: {', '.join(sorted(allowed))}"
+                    f"{where}.{key}" if where else key,
+                    "unknown key",
+                    f"remove it; allowed keys here: {', '.join(sorted(allowed))}",
                 )
 
     def expand(self, key: str, text: str) -> str:
@@ -261,7 +265,7 @@ def load_replica(path: str | Path, environ: Mapping[str, str] | None = None) -> 
 def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str]) -> ReplicaConfig:
     """Validate an already-parsed replica document."""
     r = _Reader(source, environ)
-    r.only(doc, "(top level)", {"replica", "kafka", "source", "trigger", "tables"})
+    r.only(doc, "", {"replica", "kafka", "source", "trigger", "tables"})
     rep = r.section(doc, "replica", {"name", "checkpoint", "quarantine"}, required=True)
     name = r.string(rep, "name", "replica")
     if not _NAME.match(name):
@@ -300,7 +304,8 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
     trig = r.section(doc, "trigger", {"available_now", "interval"}, required=False)
     interval = r.string(trig, "interval", "trigger", "5 seconds")
     if not _INTERVAL.match(interval.strip()):
-        raise r.fail("trigger.interval", f"{interval!r} is not a duration", 'e.g. interval = "10 seconds"')
+        raise r.fail("trigger.interval", f"{interval!r} is not a Spark duration",
+                     'e.g. "10 seconds" (units: milliseconds, seconds, minutes or hours)')  # fmt: skip
     trigger = TriggerConfig(available_now=r.boolean(trig, "available_now", "trigger", False), interval=interval)
 
     tables_doc = doc.get("tables")

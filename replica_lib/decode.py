@@ -179,7 +179,8 @@ def debezium_envelopes(raw_df: DataFrame, table: TableConfig, data_columns: Sequ
         F.timestamp_millis(F.coalesce(source_ts, payload["ts_ms"])).alias("_event_ts"),
         is_tombstone.alias("_tombstone"),
         key_json.alias("_key_json"),
-        F.when(is_upsert, payload["after"]).alias("_data_json"),
+        # A delete's row image is `before`: only its sequence column is used (see table_changes).
+        F.when(is_upsert, payload["after"]).when(dbz_op == "d", payload["before"]).alias("_data_json"),
         error.alias("_error"),
     )
 
@@ -227,7 +228,8 @@ def table_changes(env_df: DataFrame, schema: TableSchema) -> DataFrame:
     key_differs = reduce(lambda a, b: a | b, [~key_struct[k].eqNullSafe(data_struct[k]) for k in keys])
     sequenced = table.sequence_by is not None
     if table.sequence_by and table.sequence_by in schema.data.fieldNames():
-        seq = F.when(is_upsert, data_struct[table.sequence_by].cast("long")).otherwise(F.col("_seq"))
+        # From the row (a Debezium delete's `before` image too), else the envelope's seq (a native delete).
+        seq = F.coalesce(data_struct[table.sequence_by].cast("long"), F.col("_seq"))
     else:
         seq = F.col("_seq")
     error = _first_error(

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -110,7 +111,13 @@ def free_port() -> int:
 
 
 def _port_free(port: int) -> bool:
+    """Whether the broker could listen on ``port``.
+
+    The JVM binds its listeners with ``SO_REUSEADDR``, so connections of a just-stopped broker lingering in
+    TIME_WAIT do not block it; the probe must do the same, or a restart on the same port is refused.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
@@ -124,12 +131,21 @@ def _accepts_connections(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def _die_with(parent_pid: int) -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets SIGKILL when ``parent_pid`` dies (Linux ``PR_SET_PDEATHSIG``)."""
+
+    def arm() -> None:  # pragma: no cover - runs in the child between fork and exec
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect: no signal will come
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
 
 
-def _server_properties(data_dir: Path, port: int, controller_port: int) -> str:
+def _server_properties(
+    data_dir: Path, port: int, controller_port: int, overrides: Mapping[str, str] | None = None
+) -> str:
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
@@ -151,12 +167,16 @@ def _server_properties(data_dir: Path, port: int, controller_port: int) -> str:
         "group.initial.rebalance.delay.ms": "0",
         "auto.create.topics.enable": "false",
         "num.partitions": "1",
+        **(overrides or {}),
     }
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
 
 class EmbeddedKafka:
-    """One single-node KRaft broker with its data in ``data_dir``; a context manager for tests."""
+    """One single-node KRaft broker with its data in ``data_dir``; a context manager for tests.
+
+    ``properties`` override broker settings (``server.properties`` keys), e.g. to mimic a cluster's defaults.
+    """
 
     def __init__(
         self,
@@ -166,6 +186,7 @@ class EmbeddedKafka:
         port: int | None = None,
         start_timeout_s: float = 90.0,
         heap: str = "512m",
+        properties: Mapping[str, str] | None = None,
     ) -> None:
         self.data_dir = data_dir.resolve()
         self.state_dir = state_dir
@@ -173,6 +194,7 @@ class EmbeddedKafka:
         self.requested_port = port
         self.start_timeout_s = start_timeout_s
         self.heap = heap
+        self.properties = dict(properties or {})
         self._proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.controller_port = 0
@@ -202,7 +224,7 @@ class EmbeddedKafka:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._choose_ports()
         props = self.data_dir / "server.properties"
-        props.write_text(_server_properties(self.data_dir, self.port, self.controller_port))
+        props.write_text(_server_properties(self.data_dir, self.port, self.controller_port, self.properties))
         classpath = ":".join(str(jar) for jar in jars)
         base = [
             java.executable,
@@ -221,7 +243,7 @@ class EmbeddedKafka:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=detach,
-            preexec_fn=None if detach else _die_with_parent,
+            preexec_fn=None if detach else _die_with(os.getpid()),
         )
         out.close()
         self._write_state(detach)
@@ -230,8 +252,12 @@ class EmbeddedKafka:
         except BaseException:
             self.kill()
             raise
-        logger.info("Kafka %s broker ready at %s (pid %d)", artifacts.KAFKA_BROKER_VERSION,
-                    self.bootstrap_servers, self._proc.pid)  # fmt: skip
+        logger.info(
+            "Kafka %s broker ready at %s (pid %d)",
+            artifacts.KAFKA_BROKER_VERSION,
+            self.bootstrap_servers,
+            self._proc.pid,
+        )
         return self
 
     def _choose_ports(self) -> None:
@@ -239,10 +265,10 @@ class EmbeddedKafka:
         if self.requested_port is not None:
             port = self.requested_port
         elif state and not self.port:
-            port = int(state["port"])  # a restart keeps its address
+            port = int(str(state["port"]))  # a restart keeps its address
         else:
             port = self.port or free_port()
-        controller = self.controller_port or (int(state["controller_port"]) if state else free_port())
+        controller = self.controller_port or (int(str(state["controller_port"])) if state else free_port())
         for what, number in (("broker", port), ("controller", controller)):
             if not _port_free(number):
                 raise BrokerError(
@@ -253,8 +279,18 @@ class EmbeddedKafka:
 
     def _format(self, base: list[str], classpath: str, props: Path) -> None:
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        cmd = [*base, "-Xmx256m", "-cp", classpath, "kafka.tools.StorageTool", "format",
-               "-t", cluster_id, "-c", str(props)]  # fmt: skip
+        cmd = [
+            *base,
+            "-Xmx256m",
+            "-cp",
+            classpath,
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            cluster_id,
+            "-c",
+            str(props),
+        ]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
         except subprocess.TimeoutExpired as exc:
@@ -279,7 +315,7 @@ class EmbeddedKafka:
                 try:
                     admin.list_topics(timeout=5)
                     return
-                except Exception:  # noqa: BLE001 - not ready yet; retried until the deadline
+                except Exception:
                     logger.debug("broker not ready yet", exc_info=True)
             time.sleep(0.2)
         raise BrokerError(
@@ -390,7 +426,7 @@ def probe(bootstrap_servers: str, timeout_s: float) -> bool:
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0})
     try:
         admin.list_topics(timeout=timeout_s)
-    except Exception:  # noqa: BLE001 - any failure means "not reachable"; callers say what to do
+    except Exception:
         return False
     return True
 

@@ -31,6 +31,20 @@ logger = logging.getLogger(__name__)
 Op = Literal["upsert", "delete"]
 OPS: tuple[Op, ...] = ("upsert", "delete")
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
+#: librdkafka properties (and their aliases) that replica sets itself: the safety guarantees, the key ->
+#: partition mapping, transactions (``transactional_id``), and never auto-creating a topic with defaults.
+FIXED_PROPERTIES = frozenset(
+    {
+        "enable.idempotence",
+        "acks",
+        "request.required.acks",
+        "max.in.flight.requests.per.connection",
+        "max.in.flight",
+        "partitioner",
+        "transactional.id",
+        "allow.auto.create.topics",
+    }
+)
 
 
 # ---------------------------------------------------------------------------------------------- the contract
@@ -66,15 +80,22 @@ class Change:
                 raise ValueError(f"data must include the key columns, missing {missing}")
         elif self.data is not None:
             raise ValueError("a delete carries no data")
-        if self.seq is not None and (isinstance(self.seq, bool) or not isinstance(self.seq, int)):
-            raise ValueError(f"seq must be an integer, got {self.seq!r}")
-        if self.tombstone and (self.seq is not None or self.table is not None):
-            raise ValueError("a tombstone has no value, so it cannot carry seq or table")
+        for name in ("seq", "ts_ms"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        if self.tombstone and (self.seq is not None or self.ts_ms is not None or self.table is not None):
+            raise ValueError("a tombstone has no value, so it cannot carry seq, ts_ms or table")
 
 
 def encode_key(key: Mapping[str, Any]) -> bytes:
-    """The Kafka key: the UTF-8 JSON object of the key columns, canonical (sorted, compact)."""
-    return json.dumps(dict(key), sort_keys=True, separators=(",", ":"), default=str).encode()
+    """The Kafka key: the UTF-8 JSON object of the key columns, canonical (sorted, compact, unescaped).
+
+    Partitioning and compaction compare key bytes, so one entity must always encode to the same bytes, also
+    when another producer (e.g. a JVM one) writes the same key: text is UTF-8, never ``\\u``-escaped.
+    """
+    text = json.dumps(dict(key), sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return text.encode()
 
 
 def encode_value(change: Change) -> bytes | None:
@@ -89,7 +110,7 @@ def encode_value(change: Change) -> bytes | None:
     if change.table is not None:
         envelope["table"] = change.table
     envelope["data"] = dict(change.data) if change.data is not None else None
-    return json.dumps(envelope, separators=(",", ":"), default=str).encode()
+    return json.dumps(envelope, separators=(",", ":"), ensure_ascii=False, default=str).encode()
 
 
 # ---------------------------------------------------------------------------------------------- settings
@@ -112,28 +133,37 @@ class ProducerSettings:
         for name in ("linger_ms", "batch_size", "delivery_timeout_ms", "transaction_timeout_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
-        forced = {"enable.idempotence", "acks", "max.in.flight.requests.per.connection"}
+        delivery_ms = self.delivery_timeout_ms
+        if self.transactional_id:
+            delivery_ms = min(delivery_ms, self.transaction_timeout_ms)
+        if self.linger_ms >= delivery_ms:
+            raise ValueError(f"linger_ms must be below the delivery timeout ({delivery_ms} ms)")
+        if self.connect_timeout_s <= 0:
+            raise ValueError("connect_timeout_s must be positive")
         for key, _ in self.extra:
-            if key in forced:
+            if key in FIXED_PROPERTIES:
                 raise ValueError(f"{key} is fixed by replica for safety and cannot be overridden")
 
     def client_config(self, connection: Mapping[str, str]) -> dict[str, Any]:
         """The full librdkafka configuration for ``connection`` (bootstrap servers, security options)."""
         conf: dict[str, Any] = {
             **connection,
-            "enable.idempotence": True,
-            "acks": "all",
-            "max.in.flight.requests.per.connection": 5,
-            "partitioner": "murmur2_random",
             "linger.ms": self.linger_ms,
             "batch.size": self.batch_size,
             "compression.type": self.compression,
             "delivery.timeout.ms": self.delivery_timeout_ms,
             **dict(self.extra),
+            "enable.idempotence": True,
+            "acks": "all",
+            "max.in.flight.requests.per.connection": 5,
+            "partitioner": "murmur2_random",
+            "allow.auto.create.topics": False,  # a producer's default is True: it would create unsafe topics
         }
         if self.transactional_id:
             conf["transactional.id"] = self.transactional_id
             conf["transaction.timeout.ms"] = self.transaction_timeout_ms
+            # librdkafka refuses a delivery timeout longer than the transaction timeout.
+            conf["delivery.timeout.ms"] = min(self.delivery_timeout_ms, self.transaction_timeout_ms)
         return conf
 
 
@@ -166,9 +196,8 @@ class Delivery:
         return self._done.is_set()
 
     def result(self, timeout_s: float = 30.0) -> Position:
-        """Wait for the broker's acknowledgement and return the position."""
-        if not self._done.is_set():
-            self._producer.flush(timeout_s)
+        """Wait for the broker's acknowledgement and return the position (other sends' failures aside)."""
+        self._producer._serve_until(self._done, timeout_s)
         if self._error is not None:
             raise ProducerError(f"write to {self.topic} failed: {self._error}", topic=self.topic)
         if self._position is None:
@@ -180,14 +209,17 @@ class ChangeProducer:
     """Writes :class:`Change` events for one primary service. Not shareable across processes."""
 
     def __init__(self, connection: Mapping[str, str], settings: ProducerSettings | None = None) -> None:
-        from confluent_kafka import Producer
+        from confluent_kafka import KafkaException, Producer
 
         self.settings = settings or ProducerSettings()
         self._connection = dict(connection)
         conf = self.settings.client_config(self._connection)
         conf["logger"] = logging.getLogger(f"{__name__}.librdkafka")
         conf["error_cb"] = self._on_error
-        self._producer = Producer(conf)
+        try:
+            self._producer = Producer(conf)
+        except KafkaException as exc:
+            raise ProducerError(f"invalid producer configuration: {exc.args[0].str()}") from exc
         self._failures: list[str] = []
         self._fatal: str | None = None
         self._known_topics: set[str] = set()
@@ -215,7 +247,12 @@ class ChangeProducer:
     def _check_topic(self, topic: str) -> None:
         if topic in self._known_topics:
             return
-        metadata = self._producer.list_topics(topic=topic, timeout=self.settings.connect_timeout_s)
+        try:
+            metadata = self._producer.list_topics(topic=topic, timeout=self.settings.connect_timeout_s)
+        except Exception as exc:
+            raise ProducerError(
+                f"cannot look up topic {topic!r} on {self.bootstrap_servers} ({exc})", topic=topic
+            ) from exc
         info = metadata.topics.get(topic)
         if info is None or info.error is not None:
             raise ProducerError(
@@ -235,6 +272,8 @@ class ChangeProducer:
     # ------------------------------------------------------------------ writes
     def send(self, topic: str, change: Change, headers: Mapping[str, bytes] | None = None) -> Delivery:
         """Queue one change; returns a :class:`Delivery`. Blocks briefly if the local queue is full."""
+        from confluent_kafka import KafkaException
+
         if self._fatal:
             raise ProducerError(f"the producer hit a fatal error and must be recreated: {self._fatal}", topic)
         if self.settings.transactional_id and not self._in_transaction:
@@ -253,21 +292,38 @@ class ChangeProducer:
         key, value = encode_key(change.key), encode_value(change)
         while True:
             try:
-                self._producer.produce(topic, value=value, key=key, headers=dict(headers or {}) or None,
-                                       on_delivery=on_delivery)  # fmt: skip
+                self._producer.produce(
+                    topic, value=value, key=key, headers=dict(headers or {}) or None, on_delivery=on_delivery
+                )
                 break
             except BufferError:
                 self._producer.poll(0.1)  # local queue full: serve callbacks, then retry
+            except KafkaException as exc:  # refused before queueing, e.g. a record over message.max.bytes
+                reason = exc.args[0].str()
+                raise ProducerError(f"write to {topic} refused: {reason}", topic=topic, key=key) from exc
         self._producer.poll(0)
         return delivery
 
-    def upsert(self, topic: str, key: Mapping[str, Any], data: Mapping[str, Any], seq: int | None = None,
-               ts_ms: int | None = None, table: str | None = None) -> Delivery:  # fmt: skip
+    def upsert(
+        self,
+        topic: str,
+        key: Mapping[str, Any],
+        data: Mapping[str, Any],
+        seq: int | None = None,
+        ts_ms: int | None = None,
+        table: str | None = None,
+    ) -> Delivery:
         """Send an upsert of the full row ``data``."""
         return self.send(topic, Change(key=key, op="upsert", data=data, seq=seq, ts_ms=ts_ms, table=table))
 
-    def delete(self, topic: str, key: Mapping[str, Any], seq: int | None = None, ts_ms: int | None = None,
-               table: str | None = None) -> Delivery:  # fmt: skip
+    def delete(
+        self,
+        topic: str,
+        key: Mapping[str, Any],
+        seq: int | None = None,
+        ts_ms: int | None = None,
+        table: str | None = None,
+    ) -> Delivery:
         """Send an ``op: delete`` envelope."""
         return self.send(topic, Change(key=key, op="delete", seq=seq, ts_ms=ts_ms, table=table))
 
@@ -283,26 +339,51 @@ class ChangeProducer:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[ChangeProducer]:
         """Writes inside are committed together on normal exit and aborted if the block raises."""
+        from confluent_kafka import KafkaException
+
         if not self.settings.transactional_id:
             raise ProducerError("transaction() needs ProducerSettings(transactional_id=...)")
         if self._in_transaction:
             raise ProducerError("transactions do not nest")
-        self._producer.begin_transaction()
+        try:
+            self._producer.begin_transaction()
+        except KafkaException as exc:
+            raise ProducerError(f"beginning a transaction failed: {exc.args[0].str()}") from exc
         self._in_transaction = True
         try:
-            yield self
-            self.flush()
-            self._producer.commit_transaction(self.settings.transaction_timeout_ms / 1000)
-        except BaseException:
             try:
-                self._producer.abort_transaction(self.settings.transaction_timeout_ms / 1000)
-            finally:
-                self._failures.clear()  # the aborted writes are reported by the exception itself
-            raise
+                yield self
+            except BaseException:
+                self._abort()
+                raise
+            try:
+                self.flush()
+                self._producer.commit_transaction(self.settings.transaction_timeout_ms / 1000)
+            except KafkaException as exc:
+                self._abort()
+                reason = exc.args[0].str()
+                raise ProducerError(f"committing the transaction failed, aborted: {reason}") from exc
+            except BaseException:
+                self._abort()
+                raise
         finally:
             self._in_transaction = False
 
+    def _abort(self) -> None:
+        try:
+            self._producer.abort_transaction(self.settings.transaction_timeout_ms / 1000)
+        finally:
+            self._failures.clear()  # the aborted writes are reported by the exception that aborted them
+
     # ------------------------------------------------------------------ completion
+    def _serve_until(self, done: threading.Event, timeout_s: float) -> None:
+        """Send what lingers and serve delivery callbacks until ``done`` is set or ``timeout_s`` has passed.
+
+        Unlike :meth:`flush` this reports nothing: each :class:`Delivery` reports its own outcome.
+        """
+        if not done.is_set():
+            self._producer.flush(timeout_s)
+
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every queued change is acknowledged; raises if any failed or some remain."""
         timeout = self.settings.delivery_timeout_ms / 1000 if timeout_s is None else timeout_s

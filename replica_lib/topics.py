@@ -9,9 +9,10 @@ A replica topic is a replication log: it must survive a broker loss (replication
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from replica_lib.errors import TopicError
 
@@ -101,42 +102,78 @@ def assess(
 
     if replication_factor < 3:
         if local:
-            findings.append(Finding("note", "replication.factor",
-                                    f"{replication_factor}: fine for the local sandbox only"))  # fmt: skip
+            findings.append(
+                Finding("note", "replication.factor", f"{replication_factor}: fine for the local sandbox only")
+            )
         else:
-            findings.append(Finding("unsafe", "replication.factor",
-                                    f"{replication_factor}: losing one broker can lose acknowledged changes; "
-                                    "use 3 (recreate the topic or reassign its partitions)"))  # fmt: skip
+            findings.append(
+                Finding(
+                    "unsafe",
+                    "replication.factor",
+                    f"{replication_factor}: losing one broker can lose acknowledged changes; "
+                    "use 3 (recreate the topic or reassign its partitions)",
+                )
+            )
     if replication_factor >= 3 and min_isr < 2:
-        findings.append(Finding("unsafe", "min.insync.replicas",
-                                f"{min_isr}: acks=all is then satisfied by a single copy; set it to 2"))  # fmt: skip
+        findings.append(
+            Finding(
+                "unsafe", "min.insync.replicas", f"{min_isr}: acks=all is then satisfied by a single copy; set it to 2"
+            )
+        )
     if "compact" not in policy:
         if retention_ms >= 0:
             days = retention_ms / DAY_MS
-            findings.append(Finding("unsafe", "cleanup.policy",
-                                    f"delete with retention.ms={retention_ms} ({days:g} days): changes older than "
-                                    "that are gone, so a replica cannot be rebuilt by replay; use "
-                                    "cleanup.policy=compact"))  # fmt: skip
+            findings.append(
+                Finding(
+                    "unsafe",
+                    "cleanup.policy",
+                    f"delete with retention.ms={retention_ms} ({days:g} days): changes older than "
+                    "that are gone, so a replica cannot be rebuilt by replay; use "
+                    "cleanup.policy=compact",
+                )
+            )
     elif "delete" in policy and retention_ms >= 0:
-        findings.append(Finding("unsafe", "cleanup.policy",
-                                f"compact,delete with retention.ms={retention_ms}: keys not written within the "
-                                "retention are deleted, so a rebuild misses them; use compact alone"))  # fmt: skip
+        findings.append(
+            Finding(
+                "unsafe",
+                "cleanup.policy",
+                f"compact,delete with retention.ms={retention_ms}: keys not written within the "
+                "retention are deleted, so a rebuild misses them; use compact alone",
+            )
+        )
     if "compact" in policy and delete_retention_ms < DAY_MS:
-        findings.append(Finding("unsafe", "delete.retention.ms",
-                                f"{delete_retention_ms} ms: tombstones vanish sooner than a day, so a replica "
-                                "that is down longer misses deletes; set it above your longest outage"))  # fmt: skip
+        findings.append(
+            Finding(
+                "unsafe",
+                "delete.retention.ms",
+                f"{delete_retention_ms} ms: tombstones vanish sooner than a day, so a replica "
+                "that is down longer misses deletes; set it above your longest outage",
+            )
+        )
     if configs.get("unclean.leader.election.enable", "false") == "true":
-        findings.append(Finding("unsafe", "unclean.leader.election.enable",
-                                "true: an out-of-sync replica can become leader and drop acknowledged "
-                                "changes; set it to false"))  # fmt: skip
+        findings.append(
+            Finding(
+                "unsafe",
+                "unclean.leader.election.enable",
+                "true: an out-of-sync replica can become leader and drop acknowledged changes; set it to false",
+            )
+        )
     if expected is not None:
         if partitions != expected.partitions:
-            findings.append(Finding("mismatch", "partitions",
-                                    f"{partitions}, expected {expected.partitions}: partition count decides which "
-                                    "partition a key lives in; changing it re-keys the log"))  # fmt: skip
+            findings.append(
+                Finding(
+                    "mismatch",
+                    "partitions",
+                    f"{partitions}, expected {expected.partitions}: partition count decides which "
+                    "partition a key lives in; changing it re-keys the log",
+                )
+            )
         if replication_factor != expected.replication_factor:
-            findings.append(Finding("mismatch", "replication.factor",
-                                    f"{replication_factor}, expected {expected.replication_factor}"))  # fmt: skip
+            findings.append(
+                Finding(
+                    "mismatch", "replication.factor", f"{replication_factor}, expected {expected.replication_factor}"
+                )
+            )
         for key, want in expected.configs().items():
             have = configs.get(key)
             if have is not None and have != want:
@@ -152,7 +189,14 @@ class TopicAdmin:
 
         self.timeout_s = timeout_s
         self._bootstrap = connection.get("bootstrap.servers", "")
-        self._admin = AdminClient({**connection, "logger": logging.getLogger(f"{__name__}.librdkafka")})
+        # To librdkafka the admin client is a producer, whose metadata requests by default create a missing
+        # topic (with the broker's unsafe defaults) on brokers that allow auto-creation.
+        conf: dict[str, Any] = {
+            **connection,
+            "allow.auto.create.topics": False,
+            "logger": logging.getLogger(f"{__name__}.librdkafka"),
+        }
+        self._admin = AdminClient(conf)
         try:
             self._admin.list_topics(timeout=timeout_s)
         except Exception as exc:
@@ -163,25 +207,49 @@ class TopicAdmin:
 
     def describe(self, name: str) -> tuple[int, int, dict[str, str]] | None:
         """(partitions, replication factor, configs) of ``name``, or None if it does not exist."""
+        from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import ConfigResource, ResourceType
 
-        metadata = self._admin.list_topics(topic=name, timeout=self.timeout_s)
-        info = metadata.topics.get(name)
-        if info is None or info.error is not None:
-            return None
-        partitions = len(info.partitions)
-        replication = min((len(p.replicas) for p in info.partitions.values()), default=0)
-        resource = ConfigResource(ResourceType.TOPIC, name)
-        entries = self._admin.describe_configs([resource])[resource].result(timeout=self.timeout_s)
+        try:
+            metadata = self._admin.list_topics(topic=name, timeout=self.timeout_s)
+            info = metadata.topics.get(name)
+            if info is None or info.error is not None:
+                return None
+            partitions = len(info.partitions)
+            replication = min((len(p.replicas) for p in info.partitions.values()), default=0)
+            resource = ConfigResource(ResourceType.TOPIC, name)
+            entries = self._admin.describe_configs([resource])[resource].result(timeout=self.timeout_s)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                return None
+            raise TopicError(f"describing topic {name!r} on {self._bootstrap} failed: {error.str()}") from exc
         configs = {key: entry.value for key, entry in entries.items() if entry.value is not None}
         return partitions, replication, configs
+
+    def _describe_created(self, name: str) -> tuple[int, int, dict[str, str]]:
+        """Describe a topic that was just created: metadata can lag creation, so poll until it shows."""
+        deadline = time.monotonic() + self.timeout_s
+        delay = 0.02
+        while True:
+            described = self.describe(name)
+            if described is not None:
+                return described
+            if time.monotonic() >= deadline:
+                raise TopicError(
+                    f"topic {name!r} was created on {self._bootstrap} but its metadata did not "
+                    f"show it within {self.timeout_s:.0f}s"
+                )
+            time.sleep(delay)  # back off between polls; the deadline bounds the wait
+            delay = min(delay * 2, 0.5)
 
     def validate(self, name: str, expected: TopicSpec | None = None, local: bool = False) -> TopicReport:
         """Report on an existing topic; raises :class:`TopicError` if it does not exist."""
         described = self.describe(name)
         if described is None:
-            raise TopicError(f"topic {name!r} does not exist on {self._bootstrap}: create it "
-                             f"(./replica topics create {name})")  # fmt: skip
+            raise TopicError(
+                f"topic {name!r} does not exist on {self._bootstrap}: create it (./replica topics create {name})"
+            )
         partitions, replication, configs = described
         findings = assess(partitions, replication, configs, expected, local)
         return TopicReport(name, False, partitions, replication, configs, findings)
@@ -193,23 +261,34 @@ class TopicAdmin:
 
         created = False
         if self.describe(spec.name) is None:
-            topic = NewTopic(spec.name, num_partitions=spec.partitions,
-                             replication_factor=spec.replication_factor, config=spec.configs())  # fmt: skip
+            topic = NewTopic(
+                spec.name,
+                num_partitions=spec.partitions,
+                replication_factor=spec.replication_factor,
+                config=spec.configs(),
+            )
             try:
                 self._admin.create_topics([topic], operation_timeout=self.timeout_s)[spec.name].result(
                     timeout=self.timeout_s
                 )
                 created = True
-                logger.info("created topic %s (%d partitions, rf %d)", spec.name, spec.partitions,
-                            spec.replication_factor)  # fmt: skip
+                logger.info(
+                    "created topic %s (%d partitions, rf %d)", spec.name, spec.partitions, spec.replication_factor
+                )
             except KafkaException as exc:
                 error = exc.args[0]
                 if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise TopicError(f"creating topic {spec.name!r} failed: {error.str()}") from exc
-        report = self.validate(spec.name, spec, local)
-        return TopicReport(report.name, created, report.partitions, report.replication_factor, report.configs,
-                           report.findings)  # fmt: skip
+        partitions, replication, configs = self._describe_created(spec.name)
+        findings = assess(partitions, replication, configs, spec, local)
+        return TopicReport(spec.name, created, partitions, replication, configs, findings)
 
     def delete(self, name: str) -> None:
         """Delete a topic (tests and the sandbox only)."""
-        self._admin.delete_topics([name], operation_timeout=self.timeout_s)[name].result(timeout=self.timeout_s)
+        from confluent_kafka import KafkaException
+
+        future = self._admin.delete_topics([name], operation_timeout=self.timeout_s)[name]
+        try:
+            future.result(timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise TopicError(f"deleting topic {name!r} failed: {exc.args[0].str()}") from exc

@@ -11,6 +11,7 @@ from pyspark.sql import functions as F
 
 from replica_lib.config import ReplicaConfig, parse_replica
 from replica_lib.model import LoggedChange, fold
+from replica_lib.producer import Change, ChangeProducer, ProducerSettings
 from replica_lib.stream import start_replica
 from replica_lib.target import read_table, table_schema
 
@@ -75,3 +76,36 @@ def expected_df(spark: SparkSession, cfg: ReplicaConfig, table: str, events: Ite
         ),
     )
     return frame.select(*[F.col(c) for c in columns])
+
+
+def produce(
+    connection: Mapping[str, str],
+    topic: str,
+    changes: Iterable[Change],
+    table: str = "orders",
+    transactional_id: str | None = None,
+) -> list[LoggedChange]:
+    """Write ``changes`` in order; returns each with its acknowledged position."""
+    settings = ProducerSettings(transactional_id=transactional_id) if transactional_id else None
+    batch = list(changes)
+    with ChangeProducer(connection, settings) as producer:
+        if transactional_id:
+            with producer.transaction():
+                deliveries = [producer.send(topic, change) for change in batch]
+        else:
+            deliveries = [producer.send(topic, change) for change in batch]
+        producer.flush()
+        return [LoggedChange(d.result(), c, table) for d, c in zip(deliveries, batch, strict=True)]
+
+
+def upsert(order_id: int, seq: int | None, status: str, amount: float = 10.0, table: str | None = None) -> Change:
+    row = {"order_id": order_id, "customer": f"c{order_id}", "amount": amount, "status": status, "updated_ms": seq}
+    return Change(key={"order_id": order_id}, op="upsert", data=row, seq=seq, ts_ms=1_700_000_000_000, table=table)
+
+
+def delete(order_id: int, seq: int | None, table: str | None = None) -> Change:
+    return Change(key={"order_id": order_id}, op="delete", seq=seq, table=table)
+
+
+def tombstone(order_id: int) -> Change:
+    return Change(key={"order_id": order_id}, op="delete", tombstone=True)

@@ -1,0 +1,342 @@
+"""The materializer's semantics on a real broker, Spark and Delta, checked against the reference model."""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+from confluent_kafka import Producer
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from replica_lib.config import ReplicaConfig
+from replica_lib.model import LoggedChange
+from replica_lib.producer import Change, ChangeProducer, ProducerSettings
+from replica_lib.target import read_table, tombstone_target
+from replica_lib.topics import TopicAdmin, TopicSpec
+from tests.integration.support import (
+    delete,
+    expected_df,
+    orders_table,
+    produce,
+    replica_config,
+    replica_df,
+    run_available_now,
+    tombstone,
+    upsert,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def assert_matches_model(
+    spark: SparkSession, cfg: ReplicaConfig, log: list[LoggedChange], table: str = "orders"
+) -> None:
+    assert_df_equality(
+        replica_df(spark, cfg, table),
+        expected_df(spark, cfg, table, log),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+
+
+def rows_by_key(spark: SparkSession, cfg: ReplicaConfig, table: str = "orders") -> dict[int, dict[str, Any]]:
+    return {row["order_id"]: row.asDict() for row in replica_df(spark, cfg, table).collect()}
+
+
+def test_ordering_deletes_and_duplicates_across_batches(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(partitions=3)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "semantics", {"orders": orders_table(topic)})
+    first = [
+        # 1: many events for one key in one batch, out of order within the batch: seq 4 wins
+        upsert(1, 1, "new"),
+        upsert(1, 4, "shipped"),
+        upsert(1, 2, "paid"),
+        upsert(1, 3, "packed"),
+        # 2: out of order across batches (the older seq arrives in the next batch)
+        upsert(2, 5, "v5"),
+        # 3: deleted now; an older upsert arrives late (next batch) and must not resurrect it
+        upsert(3, 1, "v1"),
+        delete(3, 2),
+        # 4: deleted now; a newer upsert arrives next batch and re-inserts it
+        upsert(4, 1, "v1"),
+        delete(4, 2),
+        # 5: a Kafka tombstone deletes it (and inherits seq 3 for later comparisons)
+        upsert(5, 3, "v3"),
+        tombstone(5),
+        # 6: a delete of a key never seen, then nothing
+        delete(6, 1),
+    ]
+    log = produce(connection, topic, first)
+    log += produce(connection, topic, first)  # the same records produced twice
+    run_available_now(spark, cfg)
+    assert_matches_model(spark, cfg, log)
+    assert sorted(rows_by_key(spark, cfg)) == [1, 2]
+    assert rows_by_key(spark, cfg)[1]["status"] == "shipped"
+
+    second = [
+        upsert(2, 4, "v4-late"),  # older than the applied seq 5: ignored
+        upsert(3, 1, "v1-late"),  # older than the delete: no resurrection
+        upsert(4, 3, "v3-newer"),  # newer than the delete: re-inserted
+        upsert(5, 2, "v2-late"),  # older than the seq the tombstone inherited (3): stays deleted
+        upsert(6, 2, "v2"),  # newer than the delete of a never-seen key: inserted
+    ]
+    log += produce(connection, topic, second)
+    run_available_now(spark, cfg)
+    assert_matches_model(spark, cfg, log)
+    rows = rows_by_key(spark, cfg)
+    assert sorted(rows) == [1, 2, 4, 6]
+    assert (rows[2]["status"], rows[4]["status"], rows[6]["status"]) == ("v5", "v3-newer", "v2")
+    assert rows[4]["_src_seq"] == 3
+
+    tombstones = read_table(spark, tombstone_target(cfg.table("orders")))
+    assert sorted(r["order_id"] for r in tombstones.collect()) == [3, 5]
+
+
+def test_rerun_of_a_committed_batch_changes_nothing(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    """Spark re-executes the last batch when its commit log entry is missing (a crash after the Delta commit)."""
+    from delta.tables import DeltaTable
+
+    topic = topic_factory(partitions=2)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "rerun", {"orders": orders_table(topic)})
+    log = produce(connection, topic, [upsert(k, 1, "a") for k in range(20)] + [delete(3, 2), upsert(4, 2, "b")])
+    produce_raw(connection, topic, [(b'{"order_id": 99}', b"not json")])
+    run_available_now(spark, cfg)
+    target = cfg.table("orders").target.path or ""
+    version_before = DeltaTable.forPath(spark, target).history(1).collect()[0]["version"]
+    before_df = replica_df(spark, cfg, "orders").localCheckpoint()
+    quarantined_before = read_table(spark, cfg.quarantine).count()
+
+    commits = sorted((Path(cfg.checkpoint) / "commits").glob("[0-9]*"), key=lambda p: int(p.name))
+    assert commits, "the run committed no batch"
+    commits[-1].unlink()  # Spark now believes the last batch never finished
+    (commits[-1].parent / f".{commits[-1].name}.crc").unlink(missing_ok=True)
+    run_available_now(spark, cfg)
+
+    assert DeltaTable.forPath(spark, target).history(1).collect()[0]["version"] == version_before
+    assert_df_equality(replica_df(spark, cfg, "orders"), before_df, ignore_row_order=True)
+    assert read_table(spark, cfg.quarantine).count() == quarantined_before == 1
+    assert_matches_model(spark, cfg, log)
+
+
+def produce_raw(connection: dict[str, str], topic: str, records: list[tuple[bytes | None, bytes | None]]) -> None:
+    """Write records byte for byte (for malformed input and foreign formats)."""
+    producer = Producer({**connection, "enable.idempotence": True, "partitioner": "murmur2_random"})
+    errors: list[str] = []
+    for key, value in records:
+        producer.produce(topic, key=key, value=value, on_delivery=lambda err, _msg: err and errors.append(str(err)))
+        producer.flush(30)  # one at a time: keep the write order, and one rejected record fails alone
+    assert errors == []
+
+
+def test_aborted_transaction_is_never_applied(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(partitions=2)
+    log = produce(connection, topic, [upsert(1, 1, "committed"), upsert(2, 1, "committed")], transactional_id="t-ok")
+    producer = ChangeProducer(connection, ProducerSettings(transactional_id="t-abort"))
+    with pytest.raises(RuntimeError), producer, producer.transaction():
+        producer.upsert(topic, {"order_id": 1}, upsert(1, 9, "aborted").data or {}, seq=9)
+        producer.upsert(topic, {"order_id": 3}, upsert(3, 9, "aborted").data or {}, seq=9)
+        producer.flush()
+        raise RuntimeError("the primary's transaction fails")
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "txn", {"orders": orders_table(topic)})
+    run_available_now(spark, cfg)
+    assert_matches_model(spark, cfg, log)
+    assert {k: r["status"] for k, r in rows_by_key(spark, cfg).items()} == {1: "committed", 2: "committed"}
+    assert read_table(spark, cfg.quarantine).count() == 0
+
+
+def test_malformed_records_are_quarantined_and_the_rest_applied(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    # One partition, so offsets are the write order; cleanup.policy=delete, because a compacted topic makes the
+    # broker itself reject records without a key.
+    topic = f"bad-{uuid.uuid4().hex[:8]}"
+    TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=1, compact=False), local=True)
+    good = json.dumps(
+        {
+            "op": "upsert",
+            "seq": 1,
+            "data": {"order_id": 1, "customer": "a", "amount": 1.5, "status": "ok", "updated_ms": 1},
+        }
+    ).encode()
+    bad = [
+        (b'{"order_id": 2}', b"{not json"),
+        (None, good),
+        (b'{"order_id": 3}', b'{"op": "merge", "seq": 1, "data": {"order_id": 3}}'),
+        (b'{"order_id": 4}', b'{"op": "upsert", "seq": 1, "data": {"order_id": 4, "amount": "lots"}}'),
+        (b'{"order_id": 5}', b'{"op": "upsert", "data": {"order_id": 5}}'),
+        (b'{"id": 6}', good),
+        (b'{"order_id": 7}', b'{"op": "upsert", "seq": 1, "table": "payments", "data": {"order_id": 7}}'),
+        (b'{"order_id": 8}', b'{"op": "upsert", "seq": 1, "data": {"order_id": 9}}'),
+    ]
+    records = [(b'{"order_id": 1}', good), *bad, (b'{"order_id": 1}', None)]
+    produce_raw(connection, topic, records)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "bad", {"orders": orders_table(topic)})
+    run_available_now(spark, cfg)
+
+    quarantine = read_table(spark, cfg.quarantine).orderBy("offset")
+    got = [
+        (r["offset"], bytes(r["key"]) if r["key"] is not None else None, bytes(r["value"]), r["reason"])
+        for r in quarantine.collect()
+    ]
+    reasons = {offset: reason for offset, _, _, reason in got}
+    assert [offset for offset, *_ in got] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert [(key, value) for _, key, value, _ in got] == [(k, v) for k, v in records[1:9]]
+    assert "not a JSON object" in reasons[1]
+    assert reasons[2].startswith("missing key")
+    assert "unknown op 'merge'" in reasons[3]
+    assert "amount (double)" in reasons[4]
+    assert "missing sequence" in reasons[5]
+    assert "key lacks a key column" in reasons[6]
+    assert "unknown table 'payments'" in reasons[7]
+    assert "does not match" in reasons[8]
+    row = quarantine.where(F.col("offset") == 1).collect()[0]
+    assert (row["replica"], row["topic"], row["partition"], row["table"]) == ("bad", topic, 0, "orders")
+    # The valid upsert at offset 0 was applied, then deleted by the tombstone at offset 9.
+    assert replica_df(spark, cfg, "orders").count() == 0
+    tomb = read_table(spark, tombstone_target(cfg.table("orders")))
+    assert [(r["order_id"], r["_src_offset"]) for r in tomb.collect()] == [(1, 9)]
+
+
+def test_multi_table_topic_and_debezium_topic_in_one_replica(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    shared, cdc = topic_factory(partitions=2), topic_factory(partitions=1)
+    customers = {
+        "topic": shared,
+        "keys": ["customer_id"],
+        "sequence_by": "seq",
+        "schema": "customer_id BIGINT, name STRING",
+    }
+    products = {"topic": cdc, "format": "debezium", "keys": ["id"], "schema": "id INT, name STRING, price DOUBLE"}
+    cfg = replica_config(
+        tmp_path,
+        connection["bootstrap.servers"],
+        "fanout",
+        {"orders": orders_table(shared), "customers": customers, "products": products},
+    )
+    log = produce(
+        connection,
+        shared,
+        [upsert(1, 1, "new", table="orders"), upsert(2, 1, "new", table="orders"), delete(2, 2, table="orders")],
+    )
+    produce(
+        connection,
+        shared,
+        [Change(key={"customer_id": 7}, data={"customer_id": 7, "name": "ada"}, seq=1, table="customers")],
+        table="customers",
+    )
+
+    def dbz(op: str, before: dict[str, Any] | None, after: dict[str, Any] | None, wrapped: bool) -> bytes:
+        payload = {
+            "before": before,
+            "after": after,
+            "op": op,
+            "ts_ms": 1_700_000_000_000,
+            "source": {"ts_ms": 1_700_000_000_000, "lsn": 1},
+        }
+        return json.dumps({"schema": {"type": "struct"}, "payload": payload} if wrapped else payload).encode()
+
+    produce_raw(
+        connection,
+        cdc,
+        [
+            (b'{"id": 1}', dbz("r", None, {"id": 1, "name": "pen", "price": 1.5}, wrapped=False)),
+            (b'{"schema": {}, "payload": {"id": 2}}', dbz("c", None, {"id": 2, "name": "ink", "price": 3.0}, True)),
+            (b'{"id": 1}', dbz("u", {"id": 1}, {"id": 1, "name": "pen", "price": 2.0}, wrapped=True)),
+            (b'{"id": 3}', dbz("c", None, {"id": 3, "name": "cap", "price": 0.5}, wrapped=False)),
+            (b'{"id": 3}', dbz("d", {"id": 3, "name": "cap", "price": 0.5}, None, wrapped=False)),
+            (b'{"id": 3}', None),
+            (b'{"id": 4}', dbz("t", None, None, wrapped=False)),
+        ],
+    )
+    run_available_now(spark, cfg)
+
+    assert_matches_model(spark, cfg, log)
+    customers_df = replica_df(spark, cfg, "customers").select("customer_id", "name", "_src_seq")
+    assert [tuple(r) for r in customers_df.collect()] == [(7, "ada", 1)]
+    products_df = replica_df(spark, cfg, "products").select("id", "name", "price").orderBy("id")
+    assert [tuple(r) for r in products_df.collect()] == [(1, "pen", 2.0), (2, "ink", 3.0)]
+    reasons = [r["reason"] for r in read_table(spark, cfg.quarantine).collect()]
+    assert len(reasons) == 1 and "unsupported Debezium op 't'" in reasons[0]
+
+
+def test_two_replicas_of_one_topic_converge(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    from replica_lib import loadgen
+    from replica_lib.stream import start_replica
+
+    topic = topic_factory(partitions=3)
+    with ChangeProducer(connection) as producer:
+        log = loadgen.run(producer, topic, loadgen.Workload(keys=80, events=800, seed=5))
+    a = replica_config(tmp_path, connection["bootstrap.servers"], "conv_a", {"orders": orders_table(topic)})
+    b = replica_config(
+        tmp_path,
+        connection["bootstrap.servers"],
+        "conv_b",
+        {"orders": orders_table(topic)},
+        max_offsets_per_trigger=150,
+    )
+    queries = [start_replica(spark, a, available_now=True), start_replica(spark, b, available_now=True)]
+    try:
+        for query in queries:
+            assert query.awaitTermination(300)
+    finally:
+        for query in queries:
+            query.stop()
+    assert_matches_model(spark, a, log)
+    assert_df_equality(replica_df(spark, a, "orders"), replica_df(spark, b, "orders"), ignore_row_order=True)
+
+
+def test_seeded_random_run_equals_the_model(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    """5,000+ events over 250 keys: shuffled seqs, duplicates, deletes, tombstones, random batch boundaries."""
+    rng = random.Random(20261121)
+    topic = topic_factory(partitions=4)
+    cfg = replica_config(
+        tmp_path,
+        connection["bootstrap.servers"],
+        "random",
+        {"orders": orders_table(topic)},
+        max_offsets_per_trigger=rng.randint(600, 1200),
+    )
+    keys, events = 250, 5_200
+    next_seq = dict.fromkeys(range(keys), 0)
+    changes: list[Change] = []
+    for _ in range(events):
+        key = rng.randrange(keys)
+        next_seq[key] += 1
+        # Late delivery: a change sometimes carries an older seq than already sent for its key.
+        seq = max(1, next_seq[key] - rng.choice((0, 0, 0, 0, 1, 2, 3)))
+        roll = rng.random()
+        if roll < 0.15:
+            changes.append(delete(key, seq))
+        elif roll < 0.2:
+            changes.append(tombstone(key))
+        else:
+            changes.append(upsert(key, seq, f"s{seq}", amount=round(rng.uniform(1, 100), 2)))
+        if rng.random() < 0.05:
+            changes.append(changes[-1])  # produced twice
+    log: list[LoggedChange] = []
+    position = 0
+    while position < len(changes):
+        size = rng.randint(300, 2_000)
+        log += produce(connection, topic, changes[position : position + size])
+        position += size
+        if rng.random() < 0.6 or position >= len(changes):
+            run_available_now(spark, cfg)
+            assert_matches_model(spark, cfg, log)
+    assert len(log) >= 5_000

@@ -1,0 +1,456 @@
+"""replica_lib.decode: raw Kafka records -> typed change rows, with a reason for every broken record."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from replica_lib import decode
+from replica_lib.config import ReplicaConfig, parse_replica
+from replica_lib.target import TableSchema, table_schema
+
+RAW_SCHEMA = "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP"
+ORDERS_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, updated_ms BIGINT"
+KAFKA_TS = datetime(2024, 1, 2, 3, 4, 5)
+TS_MS = 1_700_000_000_000
+RawRow = tuple[bytearray | None, bytearray | None, str, int, int, datetime]
+
+#: Columns every change row carries after the table's own columns.
+CHANGE_TAIL = ["_op", "_seq", "_tombstone", "_topic", "_partition", "_offset", "_event_ts", "_kafka_ts"]
+CHANGE_TAIL += ["_key", "_value", "_table", "_error"]
+#: What the typed-row comparisons look at (event time as epoch millis, so no time zone is involved).
+META = ("_op", "_seq", "_tombstone", "_topic", "_partition", "_offset", "_event_ms")
+META_DDL = "_op STRING, _seq BIGINT, _tombstone BOOLEAN, _topic STRING, _partition INT, _offset BIGINT"
+META_DDL += ", _event_ms BIGINT"
+
+
+def js(obj: Any) -> bytearray:
+    return bytearray(json.dumps(obj).encode())
+
+
+def record(key: Any, value: Any, offset: int, topic: str = "orders", partition: int = 0) -> RawRow:
+    """A raw Kafka record; ``key``/``value`` are JSON-encoded unless given as bytes (or None)."""
+    as_bytes = [v if v is None or isinstance(v, bytes) else bytes(js(v)) for v in (key, value)]
+    k, v = (None if b is None else bytearray(b) for b in as_bytes)
+    return (k, v, topic, partition, offset, KAFKA_TS)
+
+
+def replica(tables: dict[str, dict[str, Any]]) -> ReplicaConfig:
+    doc = {
+        "replica": {"name": "unit", "checkpoint": "/unused/cp", "quarantine": {"path": "/unused/q"}},
+        "kafka": {"bootstrap_servers": "unused:9092"},
+        "tables": {name: {"target": {"path": f"/unused/{name}"}, **spec} for name, spec in tables.items()},
+    }
+    return parse_replica(doc, "test.toml", {})
+
+
+def schemas_of(cfg: ReplicaConfig) -> dict[str, TableSchema]:
+    return {table.name: table_schema(table, "test.toml") for table in cfg.tables}
+
+
+def decode_table(spark: SparkSession, cfg: ReplicaConfig, rows: list[RawRow], table: str) -> DataFrame:
+    schemas = schemas_of(cfg)
+    env_df = decode.envelopes(spark.createDataFrame(rows, RAW_SCHEMA), cfg, schemas)
+    return decode.table_changes(env_df, schemas[table])
+
+
+def typed(df: DataFrame, *columns: str) -> DataFrame:
+    """The valid rows of ``df``: ``columns`` then the change metadata in :data:`META`."""
+    return decode.valid(df).withColumn("_event_ms", F.unix_millis("_event_ts")).select(*columns, *META)
+
+
+def errors(df: DataFrame) -> list[tuple[int, str]]:
+    return sorted(
+        (row["_offset"], row["_error"]) for row in decode.rejected(df).select("_offset", "_error").collect()
+    )
+
+
+def offsets(df: DataFrame) -> list[int]:
+    return sorted(row["_offset"] for row in df.select("_offset").collect())
+
+
+ORDERS = {"topic": "orders", "keys": ["order_id"], "sequence_by": "seq", "schema": ORDERS_SCHEMA}
+
+
+def order(
+    order_id: int,
+    customer: str | None,
+    amount: float | str | None,
+    status: str | None,
+    updated_ms: int | None,
+) -> dict[str, Any]:
+    return {
+        "order_id": order_id,
+        "customer": customer,
+        "amount": amount,
+        "status": status,
+        "updated_ms": updated_ms,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- native format
+def test_native_upserts_deletes_and_tombstones_decode_into_typed_rows(spark: SparkSession) -> None:
+    cfg = replica({"orders": ORDERS})
+    first = {"op": "upsert", "seq": 1, "ts_ms": TS_MS, "data": order(1, "ada", 10.5, "new", 1000)}
+    rows = [
+        record({"order_id": 1}, first, 0),
+        record({"order_id": 1}, {"op": "upsert", "seq": 2, "data": order(1, None, 12.0, "paid", None)}, 1),
+        record({"order_id": 1}, first, 2),  # the same change again, at another offset
+        record({"order_id": 1}, {"op": "delete", "seq": 3, "ts_ms": TS_MS + 5}, 3),
+        record({"order_id": 2}, {"op": "delete", "seq": 9, "data": None}, 4),
+        record({"order_id": 2}, None, 5, partition=1),  # a Kafka tombstone: no seq needed
+        record({"order_id": 3}, {"op": "upsert", "seq": 1, "table": "orders", "data": {"order_id": 3}}, 6),
+    ]
+    changes_df = decode_table(spark, cfg, rows, "orders")
+
+    assert changes_df.columns == ["order_id", "customer", "amount", "status", "updated_ms", *CHANGE_TAIL]
+    assert errors(changes_df) == []
+    expected_df = spark.createDataFrame(
+        [
+            (1, "ada", 10.5, "new", 1000, "upsert", 1, False, "orders", 0, 0, TS_MS),
+            (1, None, 12.0, "paid", None, "upsert", 2, False, "orders", 0, 1, None),
+            (1, "ada", 10.5, "new", 1000, "upsert", 1, False, "orders", 0, 2, TS_MS),
+            (1, None, None, None, None, "delete", 3, False, "orders", 0, 3, TS_MS + 5),
+            (2, None, None, None, None, "delete", 9, False, "orders", 0, 4, None),
+            (2, None, None, None, None, "delete", None, True, "orders", 1, 5, None),
+            (3, None, None, None, None, "upsert", 1, False, "orders", 0, 6, None),
+        ],
+        f"{ORDERS_SCHEMA}, {META_DDL}",
+    )
+    actual_df = typed(changes_df, "order_id", "customer", "amount", "status", "updated_ms")
+    assert_df_equality(actual_df, expected_df, ignore_row_order=True, ignore_nullable=True)
+
+    raw = changes_df.where(F.col("_offset").isin(0, 5)).orderBy("_offset").collect()
+    assert [(r["_key"], r["_value"], r["_kafka_ts"], r["_table"]) for r in raw] == [
+        (js({"order_id": 1}), js(first), KAFKA_TS, "orders"),
+        (js({"order_id": 2}), None, KAFKA_TS, "orders"),
+    ]
+
+
+def test_native_contract_violations_are_rejected_with_a_reason(spark: SparkSession) -> None:
+    cfg = replica({"orders": ORDERS})
+    ok = {"op": "upsert", "seq": 1, "data": order(1, "ada", 1.0, "new", 1)}
+    rows = [
+        record({"order_id": 1}, ok, 0),
+        record({"order_id": 1}, b'{"op": "upsert", "seq": ', 1),
+        record({"order_id": 1}, [ok], 2),
+        record({"order_id": 1}, {"op": "merge", "seq": 2, "data": order(1, "ada", 1.0, "new", 1)}, 3),
+        record({"order_id": 1}, {"seq": 2, "data": order(1, "ada", 1.0, "new", 1)}, 4),
+        record(None, ok, 5),
+        record(None, None, 6),  # a tombstone without a key
+        record(b"order-1", ok, 7),
+        record({"id": 1}, ok, 8),
+        record({"order_id": "one"}, ok, 9),
+        record({"order_id": 1}, {"op": "upsert", "seq": 2, "data": order(1, "ada", "abc", "new", 1)}, 10),
+        record({"order_id": 1}, {"op": "upsert", "seq": 2}, 11),
+        record({"order_id": 1}, {"op": "upsert", "seq": 2, "data": None}, 12),
+        record({"order_id": 5}, {"op": "upsert", "seq": 2, "data": order(6, "ada", 1.0, "new", 1)}, 13),
+        record({"order_id": 1}, {"op": "upsert", "data": order(1, "ada", 1.0, "new", 1)}, 14),
+        record({"order_id": 1}, {"op": "delete"}, 15),
+        record({"order_id": 1}, None, 16),  # a tombstone without seq is fine on a sequenced table
+        record({"order_id": 1}, {"op": "upsert", "seq": "two", "data": order(1, "ada", 1.0, "new", 1)}, 17),
+        record({"order_id": 1}, {"op": "upsert", "seq": 2, "data": 7}, 18),
+        record({"order_id": 1}, {"op": "upsert", "seq": 2, "data": {"customer": "ada"}}, 19),
+        record({"order_id": 1}, b"", 20),
+        record({"order_id": 1}, b"null", 21),
+    ]
+    changes_df = decode_table(spark, cfg, rows, "orders")
+
+    wrong_type = "envelope has a field of the wrong type (op and table are strings, seq and ts_ms integers)"
+    mismatch = "the record key does not match the key columns in data"
+    assert errors(changes_df) == [
+        (1, "value is not a JSON object"),
+        (2, "value is not a JSON object"),
+        (3, "unknown op 'merge' (expected upsert or delete)"),
+        (4, "missing op"),
+        (5, "missing key: the Kafka record key is null"),
+        (6, "missing key: the Kafka record key is null"),
+        (7, "key is not a JSON object of the key columns (order_id)"),
+        (8, "key lacks a key column (order_id)"),
+        (9, "key has a column of the wrong type (expected order_id bigint)"),
+        (10, "data does not match the table schema: amount (double)"),
+        (11, "upsert without data"),
+        (12, "upsert without data"),
+        (13, mismatch),
+        (14, "missing sequence: table orders is ordered by seq"),
+        (15, "missing sequence: table orders is ordered by seq"),
+        (17, wrong_type),
+        (18, "data is not a JSON object of the table's columns"),
+        (19, mismatch),
+        (20, "value is not a JSON object"),
+        (21, "value is not a JSON object"),
+    ]
+    assert offsets(decode.valid(changes_df)) == [0, 16]
+    assert changes_df.count() == len(rows)  # every record is either valid or rejected, none is lost
+
+
+def test_sequence_column_from_data_and_kept_columns(spark: SparkSession) -> None:
+    cfg = replica(
+        {
+            "orders": {**ORDERS, "sequence_by": "updated_ms", "exclude_columns": ["customer"]},
+            "slim": {
+                "topic": "slim",
+                "keys": ["order_id"],
+                "schema": ORDERS_SCHEMA,
+                "include_columns": ["status"],
+            },
+        }
+    )
+    rows = [
+        record({"order_id": 1}, {"op": "upsert", "seq": 99, "data": order(1, "ada", 2.5, "new", 70)}, 0),
+        record({"order_id": 1}, {"op": "upsert", "seq": 99, "data": order(1, "ada", 2.5, "new", None)}, 1),
+        record({"order_id": 1}, {"op": "delete", "seq": 71}, 2),
+        record({"order_id": 4}, {"op": "upsert", "data": order(4, "bob", 1.0, "paid", 5)}, 0, topic="slim"),
+        record({"order_id": 4}, None, 1, topic="slim"),
+    ]
+    orders_df = decode_table(spark, cfg, rows, "orders")
+    slim_df = decode_table(spark, cfg, rows, "slim")
+
+    assert orders_df.columns == ["order_id", "amount", "status", "updated_ms", *CHANGE_TAIL]
+    assert slim_df.columns == ["order_id", "status", *CHANGE_TAIL]
+    assert errors(orders_df) == [(1, "missing sequence: table orders is ordered by updated_ms")]
+    assert errors(slim_df) == []
+    assert_df_equality(
+        typed(orders_df, "order_id", "amount", "status", "updated_ms"),
+        spark.createDataFrame(
+            [
+                (1, 2.5, "new", 70, "upsert", 70, False, "orders", 0, 0, None),
+                (1, None, None, None, "delete", 71, False, "orders", 0, 2, None),
+            ],
+            f"order_id BIGINT, amount DOUBLE, status STRING, updated_ms BIGINT, {META_DDL}",
+        ),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+    assert_df_equality(
+        typed(slim_df, "order_id", "status"),
+        spark.createDataFrame(
+            [
+                (4, "paid", "upsert", None, False, "slim", 0, 0, None),
+                (4, None, "delete", None, True, "slim", 0, 1, None),
+            ],
+            f"order_id BIGINT, status STRING, {META_DDL}",
+        ),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+
+
+def test_a_topic_with_several_tables_routes_by_the_table_field(spark: SparkSession) -> None:
+    cfg = replica(
+        {
+            "customers": {
+                "topic": "shop",
+                "keys": ["customer_id"],
+                "schema": "customer_id BIGINT, name STRING",
+            },
+            "payments": {
+                "topic": "shop",
+                "keys": ["payment_id"],
+                "sequence_by": "seq",
+                "schema": "payment_id BIGINT, amount DOUBLE",
+            },
+        }
+    )
+    rows = [
+        record(
+            {"customer_id": 7},
+            {"op": "upsert", "table": "customers", "data": {"customer_id": 7, "name": "ada"}},
+            0,
+            topic="shop",
+        ),
+        record(
+            {"payment_id": 7},
+            {"op": "upsert", "table": "payments", "seq": 1, "data": {"payment_id": 7, "amount": 9.5}},
+            1,
+            topic="shop",
+        ),
+        record(
+            {"payment_id": 8},
+            {"op": "upsert", "table": "refunds", "seq": 1, "data": {"payment_id": 8, "amount": 1.0}},
+            2,
+            topic="shop",
+        ),
+        record(
+            {"payment_id": 8},
+            {"op": "upsert", "seq": 1, "data": {"payment_id": 8, "amount": 1.0}},
+            3,
+            topic="shop",
+        ),
+        record({"payment_id": 7}, None, 4, topic="shop"),
+        record({"payment_id": 7}, {"op": "delete", "table": "payments", "seq": 2}, 5, topic="shop"),
+        record({"customer_id": 7}, {"op": "delete", "table": "customers"}, 6, topic="shop"),
+        record(
+            {"customer_id": 7},
+            {"op": "upsert", "table": "customers", "data": {"customer_id": "7", "name": "x"}},
+            7,
+            topic="shop",
+        ),
+    ]
+    schemas = schemas_of(cfg)
+    env_df = decode.envelopes(spark.createDataFrame(rows, RAW_SCHEMA), cfg, schemas).cache()
+    routed = sorted((r["_offset"], r["_table"], r["_error"]) for r in env_df.collect())
+    assert routed == [
+        (0, "customers", None),
+        (1, "payments", None),
+        (2, None, "unknown table 'refunds' (this topic carries: customers, payments)"),
+        (3, None, "no table field on a topic that carries several tables (customers, payments)"),
+        (
+            4,
+            None,
+            "a tombstone on a topic that carries several tables cannot name its table; "
+            "send op=delete with a table field instead",
+        ),
+        (5, "payments", None),
+        (6, "customers", None),
+        (7, "customers", None),
+    ]
+
+    assert offsets(decode.rejected(env_df)) == [2, 3, 4]
+    assert offsets(decode.valid(env_df)) == [0, 1, 5, 6, 7]
+
+    customers_df = decode.table_changes(env_df, schemas["customers"])
+    payments_df = decode.table_changes(env_df, schemas["payments"])
+    assert errors(customers_df) == [(7, "data does not match the table schema: customer_id (bigint)")]
+    assert errors(payments_df) == []
+    assert_df_equality(
+        typed(customers_df, "customer_id", "name"),
+        spark.createDataFrame(
+            [
+                (7, "ada", "upsert", None, False, "shop", 0, 0, None),
+                (7, None, "delete", None, False, "shop", 0, 6, None),
+            ],
+            f"customer_id BIGINT, name STRING, {META_DDL}",
+        ),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+    assert_df_equality(
+        typed(payments_df, "payment_id", "amount"),
+        spark.createDataFrame(
+            [
+                (7, 9.5, "upsert", 1, False, "shop", 0, 1, None),
+                (7, None, "delete", 2, False, "shop", 0, 5, None),
+            ],
+            f"payment_id BIGINT, amount DOUBLE, {META_DDL}",
+        ),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- Debezium
+PRODUCTS = {
+    "topic": "dbz",
+    "format": "debezium",
+    "keys": ["id"],
+    "schema": "id BIGINT, name STRING, price DOUBLE",
+}
+
+
+def dbz(
+    op: str, before: dict[str, Any] | None, after: dict[str, Any] | None, source_ms: int | None = None
+) -> dict[str, Any]:
+    source = {"connector": "postgresql", "db": "shop", "table": "products"}
+    if source_ms is not None:
+        source["ts_ms"] = source_ms  # type: ignore[assignment]
+    return {"before": before, "after": after, "source": source, "op": op, "ts_ms": TS_MS + 999}
+
+
+def wrapped(payload: Any) -> dict[str, Any]:
+    return {
+        "schema": {"type": "struct", "optional": False, "name": "shop.products.Envelope"},
+        "payload": payload,
+    }
+
+
+def test_debezium_envelopes_with_and_without_the_schema_wrapper(spark: SparkSession) -> None:
+    cfg = replica({"products": PRODUCTS})
+    p1 = {"id": 1, "name": "pen", "price": 1.5}
+    p1b = {"id": 1, "name": "pen", "price": None}
+    p2 = {"id": 2, "name": "ink", "price": 3.0}
+    rows = [
+        record({"id": 1}, dbz("c", None, p1, source_ms=TS_MS), 0, topic="dbz"),
+        record(wrapped({"id": 1}), wrapped(dbz("u", p1, p1b, source_ms=TS_MS + 1)), 1, topic="dbz"),
+        record({"id": 2}, dbz("r", None, p2), 2, topic="dbz"),
+        record({"id": 1}, dbz("d", p1b, None, source_ms=TS_MS + 2), 3, topic="dbz"),
+        record({"id": 1}, None, 4, topic="dbz"),
+        record(wrapped({"id": 2}), wrapped(dbz("d", p2, None)), 5, topic="dbz"),
+        record({"id": 2}, dbz("c", None, p2), 6, topic="dbz"),  # the same change twice
+        record({"id": 2}, dbz("c", None, p2), 7, topic="dbz"),
+        record({"id": 3}, dbz("t", None, None), 8, topic="dbz"),
+        record({"id": 3}, dbz("c", None, None), 9, topic="dbz"),
+        record({"id": 3}, {"before": None, "after": {"id": 3}}, 10, topic="dbz"),
+        record(None, dbz("c", None, {"id": 3, "name": "x", "price": 1.0}), 11, topic="dbz"),
+        record({"id": 3}, b"not json", 12, topic="dbz"),
+        record({"id": 3}, dbz("c", None, {"id": 3, "name": "x", "price": "cheap"}), 13, topic="dbz"),
+        record({"id": 4}, dbz("c", None, {"id": 3, "name": "x", "price": 1.0}), 14, topic="dbz"),
+    ]
+    changes_df = decode_table(spark, cfg, rows, "products")
+
+    assert changes_df.columns == ["id", "name", "price", *CHANGE_TAIL]
+    assert errors(changes_df) == [
+        (8, "unsupported Debezium op 't' (expected c, r, u or d)"),
+        (9, "Debezium change without 'after'"),
+        (10, "missing op in the Debezium payload"),
+        (11, "missing key: the Kafka record key is null"),
+        (12, "value is not a JSON object"),
+        (13, "data does not match the table schema: price (double)"),
+        (14, "the record key does not match the key columns in data"),
+    ]
+    assert_df_equality(
+        typed(changes_df, "id", "name", "price"),
+        spark.createDataFrame(
+            [
+                (1, "pen", 1.5, "upsert", None, False, "dbz", 0, 0, TS_MS),
+                (1, "pen", None, "upsert", None, False, "dbz", 0, 1, TS_MS + 1),
+                (2, "ink", 3.0, "upsert", None, False, "dbz", 0, 2, TS_MS + 999),
+                (1, None, None, "delete", None, False, "dbz", 0, 3, TS_MS + 2),
+                (1, None, None, "delete", None, True, "dbz", 0, 4, None),
+                (2, None, None, "delete", None, False, "dbz", 0, 5, TS_MS + 999),
+                (2, "ink", 3.0, "upsert", None, False, "dbz", 0, 6, TS_MS + 999),
+                (2, "ink", 3.0, "upsert", None, False, "dbz", 0, 7, TS_MS + 999),
+            ],
+            f"id BIGINT, name STRING, price DOUBLE, {META_DDL}",
+        ),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+
+
+def test_debezium_delete_on_a_table_sequenced_by_a_row_column(spark: SparkSession) -> None:
+    """A Debezium delete carries its row (with the sequence column) in ``before``, not in ``after``."""
+    cfg = replica(
+        {
+            "products": {
+                **PRODUCTS,
+                "schema": "id BIGINT, name STRING, version BIGINT",
+                "sequence_by": "version",
+            }
+        }
+    )
+    rows = [
+        record({"id": 1}, dbz("c", None, {"id": 1, "name": "pen", "version": 4}), 0, topic="dbz"),
+        record({"id": 1}, dbz("d", {"id": 1, "name": "pen", "version": 4}, None), 1, topic="dbz"),
+        record({"id": 1}, None, 2, topic="dbz"),
+    ]
+    changes_df = decode_table(spark, cfg, rows, "products")
+    assert errors(changes_df) == []
+    assert [(r["_offset"], r["_op"], r["_seq"]) for r in changes_df.orderBy("_offset").collect()] == [
+        (0, "upsert", 4),
+        (1, "delete", 4),
+        (2, "delete", None),
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["native", "debezium"])
+def test_envelope_columns(spark: SparkSession, fmt: str) -> None:
+    cfg = replica({"orders": {**ORDERS, "format": fmt}})
+    env_df = decode.envelopes(spark.createDataFrame([], RAW_SCHEMA), cfg, schemas_of(cfg))
+    assert env_df.columns == list(decode.ENVELOPE_COLUMNS)

@@ -1,0 +1,273 @@
+"""replica_lib.ordering: dedup by log coordinates, then one winning change per key."""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import DataFrame, SparkSession
+
+from replica_lib.model import LoggedChange, fold
+from replica_lib.ordering import dedup, latest_per_key
+from replica_lib.producer import Change as LogChange
+from replica_lib.producer import Position
+
+RAW_SCHEMA = "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP"
+CHANGES_SCHEMA = "order_id BIGINT, status STRING, _op STRING, _seq BIGINT, _tombstone BOOLEAN"
+CHANGES_SCHEMA += ", _partition INT, _offset BIGINT"
+CURRENT_SCHEMA = "order_id BIGINT, _cur_seq BIGINT, _cur_partition INT, _cur_offset BIGINT"
+KEYS = ["order_id"]
+TS = datetime(2024, 1, 1)
+
+ChangeRow = tuple[int, str | None, str, int | None, bool, int, int]
+
+
+def up(order_id: int, seq: int | None, offset: int, status: str = "s", partition: int = 0) -> ChangeRow:
+    return (order_id, status, "upsert", seq, False, partition, offset)
+
+
+def delete(order_id: int, seq: int | None, offset: int, partition: int = 0) -> ChangeRow:
+    return (order_id, None, "delete", seq, False, partition, offset)
+
+
+def tomb(order_id: int, offset: int, partition: int = 0) -> ChangeRow:
+    """A Kafka tombstone as decode produces it: a delete without seq."""
+    return (order_id, None, "delete", None, True, partition, offset)
+
+
+def with_seq(change: ChangeRow, seq: int | None) -> ChangeRow:
+    """``change`` as it wins: a tombstone carries the seq it inherited."""
+    return (*change[:3], seq, *change[4:])
+
+
+def frame(spark: SparkSession, rows: list[Any], schema: str) -> DataFrame:
+    return spark.createDataFrame(rows, schema)
+
+
+def winners(spark: SparkSession, changes: list[ChangeRow], current: list[tuple[Any, ...]]) -> DataFrame:
+    return latest_per_key(frame(spark, changes, CHANGES_SCHEMA), KEYS, frame(spark, current, CURRENT_SCHEMA))
+
+
+def assert_winners(spark: SparkSession, actual_df: DataFrame, expected: list[ChangeRow]) -> None:
+    assert actual_df.columns == [f.split()[0] for f in CHANGES_SCHEMA.split(", ")]
+    assert_df_equality(
+        actual_df, frame(spark, expected, CHANGES_SCHEMA), ignore_row_order=True, ignore_nullable=True
+    )
+
+
+def test_dedup_drops_exact_coordinate_duplicates_only(spark: SparkSession) -> None:
+    k1, v1, v2 = bytearray(b'{"id":1}'), bytearray(b'{"op":"upsert"}'), bytearray(b'{"op":"delete"}')
+    raw_df = frame(
+        spark,
+        [
+            (k1, v1, "orders", 0, 0, TS),
+            (k1, v1, "orders", 0, 0, TS),  # delivered twice
+            (k1, v1, "orders", 0, 0, TS),  # and a third time
+            (k1, v1, "orders", 0, 1, TS),  # the same content at another offset: a different record
+            (k1, v1, "orders", 1, 0, TS),  # same offset, other partition
+            (k1, v1, "other", 0, 0, TS),  # same partition and offset, other topic
+            (k1, v2, "orders", 0, 2, TS),
+            (None, None, "orders", 0, 3, TS),  # null key and value: still a record
+            (None, None, "orders", 0, 3, TS),
+        ],
+        RAW_SCHEMA,
+    )
+    expected_df = frame(
+        spark,
+        [
+            (k1, v1, "orders", 0, 0, TS),
+            (k1, v1, "orders", 0, 1, TS),
+            (k1, v1, "orders", 1, 0, TS),
+            (k1, v1, "other", 0, 0, TS),
+            (k1, v2, "orders", 0, 2, TS),
+            (None, None, "orders", 0, 3, TS),
+        ],
+        RAW_SCHEMA,
+    )
+    assert_df_equality(dedup(raw_df), expected_df, ignore_row_order=True, ignore_nullable=True)
+
+
+def test_latest_per_key_without_current_state(spark: SparkSession) -> None:
+    k5_tomb, k7_tomb, k10_tomb = tomb(5, 9), tomb(7, 13), tomb(10, 20)
+    changes = [
+        # key 1: the greatest seq wins, wherever it is in the log
+        up(1, 1, 0, "a"),
+        up(1, 3, 1, "c"),
+        up(1, 2, 2, "b"),
+        # key 2: equal seqs, the greater partition wins
+        up(2, 5, 3, "p0"),
+        up(2, 5, 0, "p1", partition=1),
+        # key 3: the same change twice: the later copy wins (same row)
+        up(3, 2, 4, "dup"),
+        up(3, 2, 5, "dup"),
+        # key 4: a delete beats an older late upsert
+        delete(4, 4, 6),
+        up(4, 3, 7, "late"),
+        # key 5: a tombstone takes the seq of the row it deletes
+        up(5, 1, 8, "x"),
+        k5_tomb,
+        # key 6: a tombstone alone keeps no seq
+        tomb(6, 10),
+        # key 7: the running max (5), not the latest seq (2); an older late upsert after it stays deleted
+        up(7, 5, 11, "x"),
+        up(7, 2, 12, "y"),
+        k7_tomb,
+        up(7, 4, 14, "late"),
+        # key 8: an equal seq later in the log comes after the tombstone
+        up(8, 2, 15, "x"),
+        tomb(8, 16),
+        up(8, 2, 17, "again"),
+        # key 9: anything comes after a tombstone of nothing
+        tomb(9, 18),
+        up(9, 1, 19, "new"),
+        # key 10: a delete with a seq, then a tombstone for compaction
+        delete(10, 6, 19),
+        k10_tomb,
+        up(10, 5, 21, "late"),
+    ]
+    expected = [
+        up(1, 3, 1, "c"),
+        up(2, 5, 0, "p1", partition=1),
+        up(3, 2, 5, "dup"),
+        delete(4, 4, 6),
+        with_seq(k5_tomb, 1),
+        tomb(6, 10),
+        with_seq(k7_tomb, 5),
+        up(8, 2, 17, "again"),
+        up(9, 1, 19, "new"),
+        with_seq(k10_tomb, 6),
+    ]
+    assert_winners(spark, winners(spark, changes, []), expected)
+
+
+def test_latest_per_key_against_the_current_state(spark: SparkSession) -> None:
+    k6_tomb, k7_tomb, k9_tomb = tomb(6, 11), tomb(7, 20), tomb(9, 13)
+    current = [
+        (1, 5, 0, 10),
+        (2, 5, 0, 10),
+        (3, 5, 0, 10),
+        (4, 5, 0, 10),
+        (5, 5, 1, 3),
+        (6, 5, 0, 10),
+        (7, 3, 0, 10),
+        (9, 9, 0, 10),
+        (10, 5, 0, 10),
+        (11, None, 0, 10),
+    ]
+    changes = [
+        up(1, 5, 10, "replayed"),  # the very version the table holds: dropped
+        up(2, 4, 20, "older"),  # older seq later in the log: dropped
+        up(3, 6, 5, "newer"),  # newer seq, even at an earlier offset: kept
+        up(4, 5, 11, "equal-seq-later"),  # equal seq, later in the log: kept
+        up(5, 5, 9, "equal-seq-lower-partition"),  # equal seq, lower partition: dropped
+        k6_tomb,  # a tombstone takes the table's seq (5) and comes after it
+        up(7, 2, 15, "older"),  # older than the table: dropped ...
+        k7_tomb,  # ... and the tombstone still takes the table's seq (3 > 2)
+        up(8, 1, 0, "new-key"),  # a key the table does not know
+        up(9, 8, 12, "older"),
+        k9_tomb,  # takes 9 from the table, not 8 from the batch
+        delete(10, 5, 10),  # a replayed delete: dropped
+        delete(11, 1, 5),  # any seq is newer than none, even at an earlier offset
+    ]
+    expected = [
+        up(3, 6, 5, "newer"),
+        up(4, 5, 11, "equal-seq-later"),
+        with_seq(k6_tomb, 5),
+        with_seq(k7_tomb, 3),
+        up(8, 1, 0, "new-key"),
+        with_seq(k9_tomb, 9),
+        delete(11, 1, 5),
+    ]
+    assert_winners(spark, winners(spark, changes, current), expected)
+
+
+def test_latest_per_key_without_sequence_uses_log_position(spark: SparkSession) -> None:
+    current = [(3, None, 0, 10), (7, None, 1, 0)]
+    changes = [
+        up(1, None, 0, "a"),
+        up(1, None, 2, "c"),
+        up(1, None, 1, "b"),
+        up(2, None, 3, "x"),
+        tomb(2, 4),
+        up(3, None, 5, "replayed"),  # before the table's position: dropped
+        up(4, None, 6, "x"),
+        tomb(4, 7),
+        up(4, None, 8, "back"),
+        delete(5, None, 9),
+        up(5, None, 10, "back"),
+        up(6, None, 11, "x"),
+        delete(6, None, 12),
+        up(7, None, 20, "lower-partition"),  # partition 0 < the table's partition 1: dropped
+    ]
+    expected = [
+        up(1, None, 2, "c"),
+        tomb(2, 4),
+        up(4, None, 8, "back"),
+        up(5, None, 10, "back"),
+        delete(6, None, 12),
+    ]
+    assert_winners(spark, winners(spark, changes, current), expected)
+
+
+def random_log(seed: int, events: int = 40) -> list[LoggedChange]:
+    """A seeded log over a few keys: out-of-order seqs, duplicates, deletes and tombstones."""
+    rng = random.Random(seed)
+    log: list[LoggedChange] = []
+    offsets = {0: 0, 1: 0}
+    for i in range(events):
+        order_id = rng.randint(1, 5)
+        partition = order_id % 2  # one key, one partition
+        same_key = [e for e in log if e.change.key["order_id"] == order_id]
+        roll = rng.random()
+        if same_key and roll < 0.15:
+            change = rng.choice(same_key).change  # the same change again
+        elif roll < 0.3:
+            change = LogChange(key={"order_id": order_id}, op="delete", seq=rng.randint(1, 6))
+        elif roll < 0.4:
+            change = LogChange(key={"order_id": order_id}, op="delete", tombstone=True)
+        else:
+            data = {"order_id": order_id, "status": f"s{i}"}
+            change = LogChange(key={"order_id": order_id}, op="upsert", data=data, seq=rng.randint(1, 6))
+        log.append(LoggedChange(Position("orders", partition, offsets[partition]), change, "orders"))
+        offsets[partition] += 1
+    return log
+
+
+def as_change_row(event: LoggedChange) -> ChangeRow:
+    change, pos = event.change, event.position
+    status = None if change.data is None else change.data["status"]
+    return (
+        change.key["order_id"],
+        status,
+        change.op,
+        change.seq,
+        change.tombstone,
+        pos.partition,
+        pos.offset,
+    )
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_latest_per_key_in_two_batches_matches_the_reference_model(spark: SparkSession, seed: int) -> None:
+    log = random_log(seed)
+    first, second = log[:25], log[25:]
+    first_winners = winners(spark, [as_change_row(e) for e in first], []).collect()
+    state = {r["order_id"]: r for r in first_winners}
+    current = [(k, r["_seq"], r["_partition"], r["_offset"]) for k, r in state.items()]
+    state.update(
+        {r["order_id"]: r for r in winners(spark, [as_change_row(e) for e in second], current).collect()}
+    )
+
+    provenance = {"_src_topic": "orders"}
+    live = {
+        (key,): {"order_id": key, "status": r["status"], **provenance, "_src_partition": r["_partition"],
+                 "_src_offset": r["_offset"], "_src_seq": r["_seq"]}
+        for key, r in state.items()
+        if r["_op"] == "upsert"
+    }  # fmt: skip
+    expected = fold(log, {"orders": ("order_id",)}, {"orders": True})["orders"]
+    assert live == expected
+    assert any(e.change.tombstone for e in log)
