@@ -20,23 +20,31 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   esac
 done
 
-extra=()
-if [[ -z "$master" ]]; then
-  extra+=(--master "local[2]" --driver-memory 2g
+packages=$("$PY" -c 'from replica_lib.artifacts import SPARK_PACKAGES; print(",".join(SPARK_PACKAGES))')
+common=(
+  --packages "$packages"
+  --conf "spark.jars.ivy=$STATE/ivy"
+  --conf "spark.jars.ivySettings=$ROOT/replica_lib/resources/ivysettings.xml"
+  --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension
+  --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog
+  --conf spark.ui.showConsoleProgress=false
+)
+
+if [[ -z "$master" || "$master" == local* ]]; then
+  # Locally the job's Python process is the driver and starts Spark's JVM itself (as pyspark does), so
+  # SIGTERM/Ctrl-C reach the job, which stops after the current batch; the JVM exits with it.
+  [[ -z "$master" ]] && common+=(--master "local[2]")
+  common+=(--driver-memory 2g
     --conf spark.driver.host=127.0.0.1 --conf spark.driver.bindAddress=127.0.0.1
     --conf spark.sql.shuffle.partitions=4 --conf spark.databricks.delta.snapshotPartitions=2)
-elif [[ "$master" != local* ]]; then
-  mkdir -p "$STATE/dist"
-  (cd "$ROOT" && rm -f "$STATE/dist/replica_lib.zip" && "$PY" -m zipfile -c "$STATE/dist/replica_lib.zip" replica_lib >/dev/null)
-  extra+=(--py-files "$STATE/dist/replica_lib.zip")
+  options=()
+  while [[ $# -gt 0 && "$1" != *.py ]]; do options+=("$1"); shift; done
+  [[ $# -gt 0 ]] || replica_die "no job file given: ./spark-submit.sh [spark options] jobs/<job>.py [job arguments]"
+  export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}"
+  export PYSPARK_SUBMIT_ARGS="$(printf '%q ' "${common[@]}" "${options[@]}")pyspark-shell"
+  exec "$PY" "$@"
 fi
 
-packages=$("$PY" -c 'from replica_lib.artifacts import SPARK_PACKAGES; print(",".join(SPARK_PACKAGES))')
-exec "$VENV/bin/spark-submit" \
-  --packages "$packages" \
-  --conf "spark.jars.ivy=$STATE/ivy" \
-  --conf "spark.jars.ivySettings=$ROOT/replica_lib/resources/ivysettings.xml" \
-  --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension \
-  --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog \
-  --conf spark.ui.showConsoleProgress=false \
-  "${extra[@]}" "$@"
+mkdir -p "$STATE/dist"
+(cd "$ROOT" && rm -f "$STATE/dist/replica_lib.zip" && "$PY" -m zipfile -c "$STATE/dist/replica_lib.zip" replica_lib >/dev/null)
+exec "$VENV/bin/spark-submit" "${common[@]}" --py-files "$STATE/dist/replica_lib.zip" "$@"

@@ -35,6 +35,7 @@ secret-looking Kafka options are never printed (see :meth:`KafkaConfig.redacted`
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tomllib
@@ -95,8 +96,7 @@ class KafkaConfig:
     def redacted(self) -> dict[str, str]:
         """The options with secret-looking values masked, safe to log."""
         return {
-            key: ("***" if any(hint in key.lower() for hint in _SECRET_HINTS) else value)
-            for key, value in self.options
+            key: ("***" if any(hint in key.lower() for hint in _SECRET_HINTS) else value) for key, value in self.options
         }
 
     def __repr__(self) -> str:
@@ -211,7 +211,7 @@ class _Reader:
     def string(self, data: Mapping[str, Any], key: str, where: str, default: str | None = None) -> str:
         value = data.get(key, default)
         if value is None:
-            raise self.fail(f"{where}.{key}", "missing", f"set {key} = \"...\" in [{where}]")
+            raise self.fail(f"{where}.{key}", "missing", f'set {key} = "..." in [{where}]')
         if not isinstance(value, str) or not value.strip():
             raise self.fail(f"{where}.{key}", f"must be a non-empty string, got {value!r}", 'quote it: "..."')
         return self.expand(f"{where}.{key}", value)
@@ -272,10 +272,8 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
         raise r.fail("replica.name", f"{name!r} is not a plain name", "use letters, digits and _ only")
     if "quarantine" not in rep:
         raise r.fail("replica.quarantine", "missing", 'set quarantine = { path = "..." }')
-    replica_parts = {
-        "checkpoint": r.string(rep, "checkpoint", "replica"),
-        "quarantine": r.target(rep["quarantine"], "replica.quarantine"),
-    }
+    checkpoint = r.string(rep, "checkpoint", "replica")
+    quarantine = r.target(rep["quarantine"], "replica.quarantine")
 
     kaf = r.section(doc, "kafka", {"bootstrap_servers", "options"}, required=True)
     options = kaf.get("options", {})
@@ -291,12 +289,23 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
 
     src = r.section(doc, "source", {"starting_offsets", "max_offsets_per_trigger", "fail_on_data_loss"}, False)
     max_offsets = src.get("max_offsets_per_trigger")
-    if max_offsets is not None and (not isinstance(max_offsets, int) or isinstance(max_offsets, bool)
-                                    or max_offsets <= 0):  # fmt: skip
-        raise r.fail("source.max_offsets_per_trigger", f"must be a positive integer, got {max_offsets!r}",
-                     "e.g. max_offsets_per_trigger = 100000")  # fmt: skip
+    if max_offsets is not None and (
+        not isinstance(max_offsets, int) or isinstance(max_offsets, bool) or max_offsets <= 0
+    ):
+        raise r.fail(
+            "source.max_offsets_per_trigger",
+            f"must be a positive integer, got {max_offsets!r}",
+            "e.g. max_offsets_per_trigger = 100000",
+        )
+    starting_offsets = r.string(src, "starting_offsets", "source", "earliest")
+    if starting_offsets.strip().lower() not in ("earliest", "latest") and not _json_object(starting_offsets):
+        raise r.fail(
+            "source.starting_offsets",
+            f"{starting_offsets!r} is not earliest, latest or a JSON object",
+            """e.g. "earliest", or per partition '{"orders": {"0": 42, "1": -2}}'""",
+        )
     source_cfg = SourceConfig(
-        starting_offsets=r.string(src, "starting_offsets", "source", "earliest"),
+        starting_offsets=starting_offsets,
         max_offsets_per_trigger=max_offsets,
         fail_on_data_loss=r.boolean(src, "fail_on_data_loss", "source", True),
     )
@@ -304,16 +313,34 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
     trig = r.section(doc, "trigger", {"available_now", "interval"}, required=False)
     interval = r.string(trig, "interval", "trigger", "5 seconds")
     if not _INTERVAL.match(interval.strip()):
-        raise r.fail("trigger.interval", f"{interval!r} is not a Spark duration",
-                     'e.g. "10 seconds" (units: milliseconds, seconds, minutes or hours)')  # fmt: skip
+        raise r.fail(
+            "trigger.interval",
+            f"{interval!r} is not a Spark duration",
+            'e.g. "10 seconds" (units: milliseconds, seconds, minutes or hours)',
+        )
     trigger = TriggerConfig(available_now=r.boolean(trig, "available_now", "trigger", False), interval=interval)
 
     tables_doc = doc.get("tables")
     if not isinstance(tables_doc, dict) or not tables_doc:
         raise r.fail("tables", "no tables", "add at least one [tables.<name>] section")
     tables = tuple(_parse_table(r, tname, tdoc) for tname, tdoc in tables_doc.items())
-    return ReplicaConfig(name=name, source_file=source, kafka=kafka, tables=tables, source=source_cfg,
-                         trigger=trigger, **replica_parts)  # fmt: skip
+    return ReplicaConfig(
+        name=name,
+        source_file=source,
+        kafka=kafka,
+        tables=tables,
+        source=source_cfg,
+        trigger=trigger,
+        checkpoint=checkpoint,
+        quarantine=quarantine,
+    )
+
+
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 def _parse_table(r: _Reader, name: str, doc: Any) -> TableConfig:
@@ -322,8 +349,7 @@ def _parse_table(r: _Reader, name: str, doc: Any) -> TableConfig:
         raise r.fail(where, f"{name!r} is not a plain name", "use letters, digits and _ only")
     if not isinstance(doc, dict):
         raise r.fail(where, "must be a table", f"write it as [{where}]")
-    allowed = {"topic", "format", "keys", "sequence_by", "schema", "target", "include_columns",
-               "exclude_columns"}  # fmt: skip
+    allowed = {"topic", "format", "keys", "sequence_by", "schema", "target", "include_columns", "exclude_columns"}
     r.only(doc, where, allowed)
     fmt = r.string(doc, "format", where, "native")
     if fmt not in FORMATS:

@@ -228,8 +228,9 @@ def table_changes(env_df: DataFrame, schema: TableSchema) -> DataFrame:
     key_differs = reduce(lambda a, b: a | b, [~key_struct[k].eqNullSafe(data_struct[k]) for k in keys])
     sequenced = table.sequence_by is not None
     if table.sequence_by and table.sequence_by in schema.data.fieldNames():
-        # From the row (a Debezium delete's `before` image too), else the envelope's seq (a native delete).
-        seq = F.coalesce(data_struct[table.sequence_by].cast("long"), F.col("_seq"))
+        row_seq = data_struct[table.sequence_by].cast("long")
+        # A Debezium delete's row image is its `before`; a native delete carries no row, its envelope seq orders it.
+        seq = row_seq if table.format == "debezium" else F.when(is_upsert, row_seq).otherwise(F.col("_seq"))
     else:
         seq = F.col("_seq")
     error = _first_error(

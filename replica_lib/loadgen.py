@@ -32,7 +32,7 @@ class Workload:
     def __post_init__(self) -> None:
         if self.keys < 1 or self.events < 0:
             raise ValueError("keys must be >= 1 and events >= 0")
-        if not (0 <= self.update_share and 0 <= self.delete_share and self.update_share + self.delete_share < 1):
+        if not (self.update_share >= 0 and self.delete_share >= 0 and self.update_share + self.delete_share < 1):
             raise ValueError("update_share and delete_share must be >= 0 and leave room for inserts (sum < 1)")
         if self.rate is not None and self.rate <= 0:
             raise ValueError("rate must be positive")
@@ -67,8 +67,12 @@ def generate(workload: Workload) -> list[Change]:
             live.pop(order_id)
             changes.append(Change(key=key, op="delete", seq=seq, ts_ms=now_ms, table=workload.table))
             continue
-        row = live.get(order_id) or {"order_id": order_id, "customer": rng.choice(_CUSTOMERS), "status": "new",
-                                     "amount": round(rng.uniform(5, 500), 2)}  # fmt: skip
+        row = live.get(order_id) or {
+            "order_id": order_id,
+            "customer": rng.choice(_CUSTOMERS),
+            "status": "new",
+            "amount": round(rng.uniform(5, 500), 2),
+        }
         if op == "update":
             row = dict(row)
             row["status"] = _STATUSES[min(_STATUSES.index(str(row["status"])) + 1, len(_STATUSES) - 1)]
@@ -96,6 +100,11 @@ def run(producer: ChangeProducer, topic: str, workload: Workload, table: str = "
     producer.flush()
     logged = [LoggedChange(d.result(), c, table) for d, c in zip(deliveries, changes, strict=True)]
     elapsed = time.monotonic() - started
-    logger.info("produced %d changes to %s in %.1fs (%.0f/s)", len(logged), topic, elapsed,
-                len(logged) / elapsed if elapsed else 0)  # fmt: skip
+    logger.info(
+        "produced %d changes to %s in %.1fs (%.0f/s)",
+        len(logged),
+        topic,
+        elapsed,
+        len(logged) / elapsed if elapsed else 0,
+    )
     return logged

@@ -31,8 +31,11 @@ def _newer(a: tuple[int | None, int, int], b: tuple[int | None, int, int] | None
     return (a[0] if a[0] is not None else _MIN, a[1], a[2]) > (b[0] if b[0] is not None else _MIN, b[1], b[2])
 
 
-def fold(events: Iterable[LoggedChange], keys: Mapping[str, tuple[str, ...]], sequenced: Mapping[str, bool],
-         ) -> dict[str, dict[tuple[Any, ...], dict[str, Any]]]:  # fmt: skip
+def fold(
+    events: Iterable[LoggedChange],
+    keys: Mapping[str, tuple[str, ...]],
+    sequenced: Mapping[str, bool],
+) -> dict[str, dict[tuple[Any, ...], dict[str, Any]]]:
     """Live rows per table and key, each with its provenance columns (``_src_*``).
 
     ``events`` may come in any order; each key's events are folded by log position. ``sequenced[table]`` says

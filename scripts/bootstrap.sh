@@ -24,8 +24,8 @@ replica_check_java() {
 replica_bootstrap() {
   replica_check_java
   local python="${REPLICA_PYTHON:-python3}"
-  command -v "$python" >/dev/null 2>&1 || replica_die "python3 not found: install Python 3.10+ (apt-get install python3 python3-venv)"
-  "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || replica_die "Python 3.10+ is required, found $("$python" --version 2>&1): install a newer python3 or set REPLICA_PYTHON"
+  command -v "$python" >/dev/null 2>&1 || replica_die "python3 not found: install Python 3.11+ (apt-get install python3 python3-venv)"
+  "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || replica_die "Python 3.11+ is required, found $("$python" --version 2>&1): install a newer python3 or set REPLICA_PYTHON"
   mkdir -p "$STATE"
   local stamp="$STATE/venv.stamp" want
   want=$(cat "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)

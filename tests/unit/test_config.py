@@ -80,9 +80,7 @@ def test_shipped_replica_files_load(name: str) -> None:
                 sequence_by="seq",
             ),
         ),
-        source=SourceConfig(
-            starting_offsets="earliest", max_offsets_per_trigger=100000, fail_on_data_loss=True
-        ),
+        source=SourceConfig(starting_offsets="earliest", max_offsets_per_trigger=100000, fail_on_data_loss=True),
         trigger=TriggerConfig(available_now=False, interval="5 seconds"),
     )
     assert cfg.topics == ("orders",)
@@ -195,6 +193,7 @@ def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
 MAX_FIX = "e.g. max_offsets_per_trigger = 100000"
 INTERVAL_FIX = 'e.g. "10 seconds" (units: milliseconds, seconds, minutes or hours)'
 TARGET_FIX = '{ path = "..." } or { table = "db.t" }'
+OFFSETS_FIX = """e.g. "earliest", or per partition '{"orders": {"0": 42, "1": -2}}'"""
 
 
 @pytest.mark.parametrize(
@@ -205,6 +204,8 @@ TARGET_FIX = '{ path = "..." } or { table = "db.t" }'
         (("source", "max_offsets_per_trigger"), -5, "source.max_offsets_per_trigger", MAX_FIX),
         (("source", "max_offsets_per_trigger"), True, "source.max_offsets_per_trigger", MAX_FIX),
         (("source", "fail_on_data_loss"), "yes", "source.fail_on_data_loss", "write true or false"),
+        (("source", "starting_offsets"), "earliset", "source.starting_offsets", OFFSETS_FIX),
+        (("source", "starting_offsets"), "[1, 2]", "source.starting_offsets", OFFSETS_FIX),
         (("trigger", "interval"), "soon", "trigger.interval", INTERVAL_FIX),
         (("trigger", "interval"), "5s", "trigger.interval", INTERVAL_FIX),
         (("trigger", "interval"), "500 ms", "trigger.interval", INTERVAL_FIX),
@@ -275,6 +276,12 @@ def test_intervals_spark_accepts_are_valid(interval: str) -> None:
     assert cfg.trigger.interval == interval
 
 
+@pytest.mark.parametrize("offsets", ["earliest", "latest", "Latest", '{"orders": {"0": 42, "1": -2}}'])
+def test_starting_offsets_spark_accepts_are_valid(offsets: str) -> None:
+    cfg = parse_replica(with_value(("source", "starting_offsets"), offsets), SOURCE, {})
+    assert cfg.source.starting_offsets == offsets
+
+
 def test_full_table_options_parse() -> None:
     doc = base_doc()
     doc["tables"]["orders"].update(
@@ -312,9 +319,7 @@ def test_full_table_options_parse() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- kafka options
-SECRET_JAAS = (
-    'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="hunter2";'
-)
+SECRET_JAAS = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="hunter2";'
 
 
 def secret_config() -> ReplicaConfig:

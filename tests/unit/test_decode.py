@@ -66,9 +66,7 @@ def typed(df: DataFrame, *columns: str) -> DataFrame:
 
 
 def errors(df: DataFrame) -> list[tuple[int, str]]:
-    return sorted(
-        (row["_offset"], row["_error"]) for row in decode.rejected(df).select("_offset", "_error").collect()
-    )
+    return sorted((row["_offset"], row["_error"]) for row in decode.rejected(df).select("_offset", "_error").collect())
 
 
 def offsets(df: DataFrame) -> list[int]:
@@ -294,7 +292,7 @@ def test_a_topic_with_several_tables_routes_by_the_table_field(spark: SparkSessi
         ),
     ]
     schemas = schemas_of(cfg)
-    env_df = decode.envelopes(spark.createDataFrame(rows, RAW_SCHEMA), cfg, schemas).cache()
+    env_df = decode.envelopes(spark.createDataFrame(rows, RAW_SCHEMA), cfg, schemas)
     routed = sorted((r["_offset"], r["_table"], r["_error"]) for r in env_df.collect())
     assert routed == [
         (0, "customers", None),
@@ -355,11 +353,17 @@ PRODUCTS = {
 
 
 def dbz(
-    op: str, before: dict[str, Any] | None, after: dict[str, Any] | None, source_ms: int | None = None
+    op: str,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+    source_ms: int | None = None,
+    lsn: int | None = None,
 ) -> dict[str, Any]:
-    source = {"connector": "postgresql", "db": "shop", "table": "products"}
+    source: dict[str, Any] = {"connector": "postgresql", "db": "shop", "table": "products"}
     if source_ms is not None:
-        source["ts_ms"] = source_ms  # type: ignore[assignment]
+        source["ts_ms"] = source_ms
+    if lsn is not None:
+        source["lsn"] = lsn
     return {"before": before, "after": after, "source": source, "op": op, "ts_ms": TS_MS + 999}
 
 
@@ -445,6 +449,24 @@ def test_debezium_delete_on_a_table_sequenced_by_a_row_column(spark: SparkSessio
     assert [(r["_offset"], r["_op"], r["_seq"]) for r in changes_df.orderBy("_offset").collect()] == [
         (0, "upsert", 4),
         (1, "delete", 4),
+        (2, "delete", None),
+    ]
+
+
+def test_debezium_sequenced_by_a_payload_field(spark: SparkSession) -> None:
+    cfg = replica({"products": {**PRODUCTS, "sequence_by": "source.lsn"}})
+    pen = {"id": 1, "name": "pen", "price": 1.0}
+    rows = [
+        record({"id": 1}, dbz("c", None, pen, lsn=100), 0, topic="dbz"),
+        record(wrapped({"id": 1}), wrapped(dbz("d", pen, None, lsn=130)), 1, topic="dbz"),
+        record({"id": 1}, None, 2, topic="dbz"),
+        record({"id": 1}, dbz("u", pen, pen), 3, topic="dbz"),
+    ]
+    changes_df = decode_table(spark, cfg, rows, "products")
+    assert errors(changes_df) == [(3, "missing sequence: table products is ordered by source.lsn")]
+    assert [(r["_offset"], r["_op"], r["_seq"]) for r in decode.valid(changes_df).orderBy("_offset").collect()] == [
+        (0, "upsert", 100),
+        (1, "delete", 130),
         (2, "delete", None),
     ]
 

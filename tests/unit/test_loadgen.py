@@ -97,9 +97,7 @@ def test_updates_advance_the_status_of_the_live_row() -> None:
 
 
 def test_generated_log_folds_to_the_live_rows() -> None:
-    changes = generate(
-        Workload(keys=4, events=60, update_share=0.4, delete_share=0.3, seed=5, table="orders")
-    )
+    changes = generate(Workload(keys=4, events=60, update_share=0.4, delete_share=0.3, seed=5, table="orders"))
     assert {c.table for c in changes} == {"orders"}
     live: dict[tuple[Any, ...], dict[str, Any]] = {}
     logged = []

@@ -40,9 +40,7 @@ def row(order_id: int, status: str, offset: int, seq: int | None, partition: int
     }
 
 
-def live(
-    events: list[LoggedChange], sequenced: dict[str, bool] = SEQUENCED
-) -> dict[tuple[Any, ...], dict[str, Any]]:
+def live(events: list[LoggedChange], sequenced: dict[str, bool] = SEQUENCED) -> dict[tuple[Any, ...], dict[str, Any]]:
     return fold(events, KEYS, sequenced)["orders"]
 
 
@@ -195,9 +193,7 @@ def test_provenance_comes_from_the_winning_change_and_keys_may_be_composite() ->
 def test_tables_fold_independently() -> None:
     keys = {"orders": ("order_id",), "lines": ("order_id",)}
     order = up(0, 1, 2, "paid")
-    line_delete = LoggedChange(
-        Position("orders", 0, 1), Change(key={"order_id": 1}, op="delete", seq=9), "lines"
-    )
+    line_delete = LoggedChange(Position("orders", 0, 1), Change(key={"order_id": 1}, op="delete", seq=9), "lines")
     assert fold([order, line_delete], keys, {"orders": True, "lines": True}) == {
         "orders": {(1,): row(1, "paid", 0, 2)},
         "lines": {},

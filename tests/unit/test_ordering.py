@@ -53,9 +53,7 @@ def winners(spark: SparkSession, changes: list[ChangeRow], current: list[tuple[A
 
 def assert_winners(spark: SparkSession, actual_df: DataFrame, expected: list[ChangeRow]) -> None:
     assert actual_df.columns == [f.split()[0] for f in CHANGES_SCHEMA.split(", ")]
-    assert_df_equality(
-        actual_df, frame(spark, expected, CHANGES_SCHEMA), ignore_row_order=True, ignore_nullable=True
-    )
+    assert_df_equality(actual_df, frame(spark, expected, CHANGES_SCHEMA), ignore_row_order=True, ignore_nullable=True)
 
 
 def test_dedup_drops_exact_coordinate_duplicates_only(spark: SparkSession) -> None:
@@ -257,13 +255,10 @@ def test_latest_per_key_in_two_batches_matches_the_reference_model(spark: SparkS
     first_winners = winners(spark, [as_change_row(e) for e in first], []).collect()
     state = {r["order_id"]: r for r in first_winners}
     current = [(k, r["_seq"], r["_partition"], r["_offset"]) for k, r in state.items()]
-    state.update(
-        {r["order_id"]: r for r in winners(spark, [as_change_row(e) for e in second], current).collect()}
-    )
+    state.update({r["order_id"]: r for r in winners(spark, [as_change_row(e) for e in second], current).collect()})
 
-    provenance = {"_src_topic": "orders"}
     live = {
-        (key,): {"order_id": key, "status": r["status"], **provenance, "_src_partition": r["_partition"],
+        (key,): {"order_id": key, "status": r["status"], "_src_topic": "orders", "_src_partition": r["_partition"],
                  "_src_offset": r["_offset"], "_src_seq": r["_seq"]}
         for key, r in state.items()
         if r["_op"] == "upsert"

@@ -1,0 +1,104 @@
+"""The jobs as users run them: through spark-submit.sh, in their own processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import SparkSession
+
+from replica_lib import loadgen
+from replica_lib.config import PROJECT_ROOT, load_replica
+from replica_lib.producer import ChangeProducer
+from tests.integration.support import expected_df, replica_df
+
+pytestmark = pytest.mark.integration
+
+CONF = """
+[replica]
+name = "{name}"
+checkpoint = "{root}/_checkpoint"
+quarantine = {{ path = "{root}/_quarantine" }}
+
+[kafka]
+bootstrap_servers = "${{REPLICA_BOOTSTRAP_SERVERS}}"
+
+[trigger]
+interval = "1 second"
+
+[tables.orders]
+topic = "{topic}"
+keys = ["order_id"]
+sequence_by = "seq"
+schema = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, updated_ms BIGINT"
+target = {{ path = "{root}/orders" }}
+"""
+
+
+class Output:
+    """Collects a process's stdout lines on a thread, so tests can wait for a line with a deadline."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self._proc = proc
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self.lines.append(line.rstrip())
+
+    def wait_for(self, text: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if any(text in line for line in self.lines):
+                return
+            if self._proc.poll() is not None and not self._thread.is_alive():
+                break
+            self._thread.join(0.2)
+        raise AssertionError(f"no line containing {text!r} within {timeout_s}s; output:\n" + "\n".join(self.lines))
+
+
+def test_materialize_job_stops_after_the_current_batch_on_sigterm(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(partitions=2)
+    with ChangeProducer(connection) as producer:
+        log = loadgen.run(producer, topic, loadgen.Workload(keys=40, events=400, seed=3))
+    conf = tmp_path / "sigterm.toml"
+    conf.write_text(CONF.format(name="sigterm", root=tmp_path / "data", topic=topic))
+    env = {**os.environ, "REPLICA_BOOTSTRAP_SERVERS": connection["bootstrap.servers"]}
+    proc = subprocess.Popen(
+        [str(PROJECT_ROOT / "spark-submit.sh"), "jobs/materialize.py", str(conf)],
+        cwd=PROJECT_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    output = Output(proc)
+    try:
+        output.wait_for("replica sigterm batch 0:", timeout_s=240)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output.wait_for("replica sigterm stopped", timeout_s=5)
+    assert any("SIGTERM received, stopping after the current batch" in line for line in output.lines)
+
+    cfg = load_replica(conf, env)
+    assert_df_equality(
+        replica_df(spark, cfg, "orders"),
+        expected_df(spark, cfg, "orders", log),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
