@@ -4,8 +4,9 @@ A replica is one TOML file in ``conf/``::
 
     [replica]
     name = "orders_a"                       # names the query, the consumer identity and the app id
-    checkpoint = "${REPLICA_STATE_DIR}/replicas/orders_a/checkpoint"
-    quarantine = { path = "${REPLICA_STATE_DIR}/warehouse/orders_a/_quarantine" }
+    checkpoint = "${REPLICA_DATA_DIR}/orders_a/_checkpoint"
+    quarantine = { path = "${REPLICA_DATA_DIR}/orders_a/_quarantine" }
+    tombstone_retention = "7 days"          # optional: how long a delete is kept at least (see maintenance)
 
     [kafka]
     bootstrap_servers = "${REPLICA_BOOTSTRAP_SERVERS}"
@@ -51,6 +52,8 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # What Spark's processingTime trigger parses: a whole number of milliseconds/seconds/minutes/hours (only
 # seconds may have a fraction); Spark rejects abbreviations such as "5s" or "500 ms" when the query starts.
+_RETENTION = re.compile(r"^(\d+)\s+(seconds?|minutes?|hours?|days?)$", re.I)
+_UNIT_S = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 _INTERVAL = re.compile(r"^(\d+\s+(milliseconds?|seconds?|minutes?|hours?)|\d+\.\d+\s+seconds?)$", re.I)
 _SECRET_HINTS = ("password", "secret", "jaas", "token", "key")
 FORMATS = ("native", "debezium")
@@ -154,6 +157,7 @@ class ReplicaConfig:
     tables: tuple[TableConfig, ...]
     source: SourceConfig = field(default_factory=SourceConfig)
     trigger: TriggerConfig = field(default_factory=TriggerConfig)
+    tombstone_retention_s: int = 7 * 86400
 
     @property
     def topics(self) -> tuple[str, ...]:
@@ -266,7 +270,7 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
     """Validate an already-parsed replica document."""
     r = _Reader(source, environ)
     r.only(doc, "", {"replica", "kafka", "source", "trigger", "tables"})
-    rep = r.section(doc, "replica", {"name", "checkpoint", "quarantine"}, required=True)
+    rep = r.section(doc, "replica", {"name", "checkpoint", "quarantine", "tombstone_retention"}, required=True)
     name = r.string(rep, "name", "replica")
     if not _NAME.match(name):
         raise r.fail("replica.name", f"{name!r} is not a plain name", "use letters, digits and _ only")
@@ -274,6 +278,16 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
         raise r.fail("replica.quarantine", "missing", 'set quarantine = { path = "..." }')
     checkpoint = r.string(rep, "checkpoint", "replica")
     quarantine = r.target(rep["quarantine"], "replica.quarantine")
+    retention = r.string(rep, "tombstone_retention", "replica", "7 days")
+    retention_match = _RETENTION.match(retention.strip())
+    if not retention_match:
+        raise r.fail(
+            "replica.tombstone_retention",
+            f"{retention!r} is not a duration",
+            'e.g. tombstone_retention = "7 days" (seconds, minutes, hours or days)',
+        )
+    unit = retention_match.group(2).lower().rstrip("s")
+    tombstone_retention_s = int(retention_match.group(1)) * _UNIT_S[unit]
 
     kaf = r.section(doc, "kafka", {"bootstrap_servers", "options"}, required=True)
     options = kaf.get("options", {})
@@ -333,6 +347,7 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
         trigger=trigger,
         checkpoint=checkpoint,
         quarantine=quarantine,
+        tombstone_retention_s=tombstone_retention_s,
     )
 
 

@@ -141,3 +141,11 @@ def append_quarantine(target: Target, rows_df: DataFrame, commit: Commit) -> Non
         writer.save(target.path)
     else:
         writer.saveAsTable(str(target.table))
+
+
+def delete_where(spark: SparkSession, target: Target, condition: str) -> int:
+    """Delete the rows matching ``condition``; returns how many were deleted."""
+    table = _delta_table(spark, target)
+    table.delete(condition)
+    metrics = table.history(1).select("operationMetrics").collect()[0]["operationMetrics"] or {}
+    return int(metrics.get("numDeletedRows", 0))

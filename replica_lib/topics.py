@@ -292,3 +292,29 @@ class TopicAdmin:
             future.result(timeout=self.timeout_s)
         except KafkaException as exc:
             raise TopicError(f"deleting topic {name!r} failed: {exc.args[0].str()}") from exc
+
+    def earliest_offsets(self, name: str) -> dict[int, int]:
+        """The log start offset of every partition of ``name`` (what retention has not yet removed)."""
+        from confluent_kafka import TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        described = self.describe(name)
+        if described is None:
+            raise TopicError(f"topic {name!r} does not exist on {self._bootstrap}")
+        request = {TopicPartition(name, p): OffsetSpec.earliest() for p in range(described[0])}  # type: ignore[no-untyped-call]
+        try:
+            futures = self._admin.list_offsets(request, request_timeout=self.timeout_s)
+            return {tp.partition: future.result(timeout=self.timeout_s).offset for tp, future in futures.items()}
+        except Exception as exc:
+            raise TopicError(f"listing the earliest offsets of {name!r} failed: {exc}") from exc
+
+    def delete_records_before(self, name: str, offsets: Mapping[int, int]) -> None:
+        """Advance the log start of each partition to ``offsets[partition]`` (what retention does; tests)."""
+        from confluent_kafka import TopicPartition
+
+        request = [TopicPartition(name, partition, offset) for partition, offset in offsets.items()]
+        try:
+            for future in self._admin.delete_records(request, request_timeout=self.timeout_s).values():
+                future.result(timeout=self.timeout_s)
+        except Exception as exc:
+            raise TopicError(f"deleting records of {name!r} failed: {exc}") from exc

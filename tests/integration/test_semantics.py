@@ -340,3 +340,58 @@ def test_seeded_random_run_equals_the_model(
             run_available_now(spark, cfg)
             assert_matches_model(spark, cfg, log)
     assert len(log) >= 5_000
+
+
+def test_retained_deletes_are_purged_only_when_expired_and_gone_from_the_log(
+    spark: SparkSession, connection: dict[str, str], tmp_path: Path
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from replica_lib.maintenance import purge_tombstones
+
+    topic = f"purge-{uuid.uuid4().hex[:8]}"
+    admin = TopicAdmin(connection)
+    admin.ensure(TopicSpec.local(topic, partitions=1, compact=False), local=True)
+    log = produce(connection, topic, [upsert(1, 1, "a"), upsert(2, 1, "a"), delete(1, 2), upsert(3, 1, "a")])
+    log += produce(connection, topic, [delete(2, 2)])
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "purge", {"orders": orders_table(topic)})
+    run_available_now(spark, cfg)
+    tombstones = tombstone_target(cfg.table("orders"))
+
+    def retained() -> list[int]:
+        return sorted(r["order_id"] for r in read_table(spark, tombstones).collect())
+
+    later = datetime.now(UTC) + timedelta(days=8)
+    assert retained() == [1, 2]
+    assert purge_tombstones(spark, cfg, admin) == {"orders": 0}  # not expired
+    assert purge_tombstones(spark, cfg, admin, now=later) == {"orders": 0}  # expired, but the log holds it all
+    delete_1_offset = log[2].position.offset
+    admin.delete_records_before(topic, {0: delete_1_offset + 1})  # retention removed offsets 0..2
+    assert purge_tombstones(spark, cfg, admin) == {"orders": 0}  # gone from the log, but not expired
+    assert purge_tombstones(spark, cfg, admin, now=later) == {"orders": 1}
+    assert retained() == [2]
+    # The delete of key 2 is still retained, so its older upsert arriving late stays ignored.
+    log += produce(connection, topic, [upsert(2, 1, "late")])
+    run_available_now(spark, cfg)
+    assert_matches_model(spark, cfg, log)
+    assert sorted(rows_by_key(spark, cfg)) == [3]
+
+
+def test_a_new_checkpoint_is_never_skipped_by_the_old_app_id(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    """Batch ids restart at 0 with a new checkpoint: its writes must apply, not look like replays."""
+    import shutil
+
+    topic = topic_factory(partitions=2)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "newckpt", {"orders": orders_table(topic)})
+    log = produce(connection, topic, [upsert(k, 1, "a") for k in range(10)])
+    run_available_now(spark, cfg)
+    shutil.rmtree(cfg.checkpoint)
+    log += produce(connection, topic, [upsert(k, 2, "b") for k in range(5)] + [delete(9, 2)])
+    run_available_now(spark, cfg)  # replays from earliest under a new checkpoint id: batch 0 again
+    assert_matches_model(spark, cfg, log)
+    assert {k: r["status"] for k, r in rows_by_key(spark, cfg).items()} == {
+        **{k: "b" for k in range(5)},
+        **{k: "a" for k in range(5, 9)},
+    }

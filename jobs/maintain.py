@@ -1,0 +1,36 @@
+"""Replica maintenance: ./spark-submit.sh jobs/maintain.py conf/orders_a.toml
+
+Purges retained deletes that can no longer let a deleted key come back (see replica_lib.maintenance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from jobs._cli import guarded, setup_logging
+from replica_lib.config import load_replica, local_settings
+from replica_lib.maintenance import purge_tombstones
+from replica_lib.session import build_session
+from replica_lib.topics import TopicAdmin
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="maintain", description="Purge a replica's expired retained deletes.")
+    parser.add_argument("conf", help="the replica's file in conf/")
+    args = parser.parse_args(argv)
+    setup_logging()
+
+    def body() -> int:
+        cfg = load_replica(args.conf)
+        spark = build_session(f"replica-maintain-{cfg.name}", local_settings())
+        purged = purge_tombstones(spark, cfg, TopicAdmin(cfg.kafka.client_config()))
+        for table, count in purged.items():
+            print(f"{cfg.name}.{table}: purged {count} retained deletes")
+        return 0
+
+    return guarded(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
