@@ -18,9 +18,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from jobs import broker as broker_job
+from replica_lib import artifacts
 from replica_lib.config import PROJECT_ROOT, LocalSettings
 from replica_lib.embedded_kafka import EmbeddedKafka, find_brokers
-from replica_lib.errors import BrokerError, ProducerError
+from replica_lib.errors import BrokerError, ProducerError, SetupError
 from replica_lib.producer import Change, ChangeProducer, Position, encode_key, encode_value
 from replica_lib.topics import TopicAdmin, TopicSpec
 
@@ -208,3 +209,13 @@ def test_broker_job_reports_no_broker_for_an_empty_state_dir(
     assert broker_job.main(["stop"]) == 0
     assert "no broker running" in capsys.readouterr().out
     assert kafka.healthy()
+
+
+def test_a_failed_artifact_download_says_what_and_how_to_fix(settings: LocalSettings, tmp_path: Path) -> None:
+    java = artifacts.find_java(settings.java_home)
+    with pytest.raises(SetupError) as caught:
+        artifacts.resolve_jars(java, ("org.apache.kafka:no-such-artifact-replica:0.0.1",), tmp_path, "missing")
+    message = str(caught.value)
+    assert "could not download missing jars from Maven Central" in message
+    assert "no-such-artifact-replica" in message
+    assert list(tmp_path.glob("jars/*/.resolved")) == []  # a later run retries instead of trusting a partial cache
