@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -42,6 +43,13 @@ target = {{ path = "{root}/orders" }}
 """
 
 
+def _ends(log: list[Any]) -> dict[int, int]:
+    ends: dict[int, int] = {}
+    for event in log:
+        ends[event.position.partition] = max(ends.get(event.position.partition, 0), event.position.offset + 1)
+    return ends
+
+
 class Output:
     """Collects a process's stdout lines on a thread, so tests can wait for a line with a deadline."""
 
@@ -68,7 +76,11 @@ class Output:
 
 
 def test_materialize_job_stops_after_the_current_batch_on_sigterm(
-    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+    spark: SparkSession,
+    connection: dict[str, str],
+    topic_factory: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     topic = topic_factory(partitions=2)
     with ChangeProducer(connection) as producer:
@@ -102,3 +114,13 @@ def test_materialize_job_stops_after_the_current_batch_on_sigterm(
         ignore_row_order=True,
         ignore_nullable=True,
     )
+
+    # The SQL notebook runs against this replica as it stands.
+    notebook = json.loads((PROJECT_ROOT / "notebooks" / "replica_sql.ipynb").read_text())
+    namespace: dict[str, Any] = {}
+    monkeypatch.setenv("REPLICA_CONF", str(conf))
+    monkeypatch.setenv("REPLICA_BOOTSTRAP_SERVERS", connection["bootstrap.servers"])
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "code":
+            exec(compile("".join(cell["source"]), "replica_sql.ipynb", "exec"), namespace)
+    assert namespace["applied"].offsets == {topic: _ends(log)}
