@@ -109,3 +109,11 @@ def delete(order_id: int, seq: int | None, table: str | None = None) -> Change:
 
 def tombstone(order_id: int) -> Change:
     return Change(key={"order_id": order_id}, op="delete", tombstone=True)
+
+
+def end_offsets(log: Iterable[LoggedChange]) -> dict[int, int]:
+    """Per partition, the offset after the last record of ``log`` (Spark's exclusive end offset)."""
+    ends: dict[int, int] = {}
+    for event in log:
+        ends[event.position.partition] = max(ends.get(event.position.partition, 0), event.position.offset + 1)
+    return ends

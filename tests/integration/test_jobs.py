@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 from replica_lib import loadgen
 from replica_lib.config import PROJECT_ROOT, load_replica
 from replica_lib.producer import ChangeProducer
-from tests.integration.support import expected_df, replica_df
+from tests.integration.support import end_offsets, expected_df, replica_df
 
 pytestmark = pytest.mark.integration
 
@@ -41,13 +41,6 @@ sequence_by = "seq"
 schema = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, updated_ms BIGINT"
 target = {{ path = "{root}/orders" }}
 """
-
-
-def _ends(log: list[Any]) -> dict[int, int]:
-    ends: dict[int, int] = {}
-    for event in log:
-        ends[event.position.partition] = max(ends.get(event.position.partition, 0), event.position.offset + 1)
-    return ends
 
 
 class Output:
@@ -123,4 +116,4 @@ def test_materialize_job_stops_after_the_current_batch_on_sigterm(
     for cell in notebook["cells"]:
         if cell["cell_type"] == "code":
             exec(compile("".join(cell["source"]), "replica_sql.ipynb", "exec"), namespace)
-    assert namespace["applied"].offsets == {topic: _ends(log)}
+    assert namespace["applied"].offsets == {topic: end_offsets(log)}

@@ -14,7 +14,14 @@ from replica_lib import loadgen
 from replica_lib.producer import ChangeProducer
 from replica_lib.progress import applied_offsets
 from replica_lib.views import register_views
-from tests.integration.support import expected_df, orders_table, replica_config, replica_df, run_available_now
+from tests.integration.support import (
+    end_offsets,
+    expected_df,
+    orders_table,
+    replica_config,
+    replica_df,
+    run_available_now,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -54,8 +61,5 @@ def test_skeleton_events_to_delta_to_sql(
     assert mismatched == 0
     applied = applied_offsets(spark, cfg.table("orders").target)
     assert applied is not None
-    ends: dict[int, int] = {}
-    for event in logged:
-        ends[event.position.partition] = max(ends.get(event.position.partition, 0), event.position.offset + 1)
-    assert applied.offsets == {topic: ends}
+    assert applied.offsets == {topic: end_offsets(logged)}
     assert applied.replica == "skeleton"
