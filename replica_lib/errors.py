@@ -48,3 +48,11 @@ class DecodeError(ReplicaError):
         self.partition = partition
         self.offset = offset
         super().__init__(f"{topic}[{partition}]@{offset}: {reason}")
+
+
+class CheckpointError(ReplicaError):
+    """A checkpoint cannot be used by this replica (it belongs to another replica, or is damaged)."""
+
+
+class DataLossError(ReplicaError):
+    """The log no longer holds records this replica has not applied yet; says what is missing and how to rebuild."""

@@ -18,14 +18,66 @@ logger = logging.getLogger(__name__)
 Offsets = dict[str, dict[int, int]]
 
 
+
+
+def _fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    """(Hadoop FileSystem, Path) for ``path``: checkpoints may live on any storage Spark can use."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    return hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), hadoop_path
+
+
+def path_exists(spark: SparkSession, path: str) -> bool:
+    fs, hadoop_path = _fs(spark, path)
+    return bool(fs.exists(hadoop_path))
+
+
+def write_text(spark: SparkSession, path: str, text: str) -> None:
+    """Write a small file (overwriting it)."""
+    fs, hadoop_path = _fs(spark, path)
+    stream = fs.create(hadoop_path, True)
+    try:
+        stream.write(bytearray(text.encode()))
+    finally:
+        stream.close()
+
+
+def read_text(spark: SparkSession, path: str) -> str:
+    """Read a small file through Hadoop's FileSystem (``spark.read`` would skip names starting with ``_``)."""
+    fs, hadoop_path = _fs(spark, path)
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    stream = fs.open(hadoop_path)
+    try:
+        return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+    finally:
+        stream.close()
+
+
 def _read_lines(spark: SparkSession, path: str) -> list[str]:
-    return [row.value for row in spark.read.text(path).collect()]
+    return read_text(spark, path).splitlines()
+
+
+def batch_ids(spark: SparkSession, folder: str) -> list[int]:
+    """The batch ids with a file in a checkpoint's ``offsets`` or ``commits`` folder, ascending."""
+    fs, hadoop_path = _fs(spark, folder)
+    if not fs.exists(hadoop_path):
+        return []
+    names = [status.getPath().getName() for status in fs.listStatus(hadoop_path)]
+    return sorted(int(name) for name in names if name.isdigit())
 
 
 def checkpoint_generation(spark: SparkSession, checkpoint: str) -> str:
     """The id Spark gave this checkpoint when it was created; a new checkpoint folder gets a new one."""
     metadata = json.loads(_read_lines(spark, f"{checkpoint.rstrip('/')}/metadata")[0])
     return str(metadata["id"])
+
+
+def last_committed_offsets(spark: SparkSession, checkpoint: str) -> Offsets | None:
+    """The end offsets of the last batch the checkpoint says finished, or None if none did."""
+    committed = batch_ids(spark, f"{checkpoint.rstrip('/')}/commits")
+    return batch_end_offsets(spark, checkpoint, committed[-1]) if committed else None
 
 
 def batch_end_offsets(spark: SparkSession, checkpoint: str, batch_id: int) -> Offsets:

@@ -8,13 +8,23 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from replica_lib.batch import BatchStats, make_batch_handler
 from replica_lib.config import ReplicaConfig
+from replica_lib.errors import TopicError
+from replica_lib.recovery import (
+    applied_so_far,
+    check_log_still_holds,
+    claim_checkpoint,
+    explain,
+    starting_offsets,
+)
 from replica_lib.source import check_reachable, read_changes
 from replica_lib.target import ensure_replica_tables
+from replica_lib.topics import TopicAdmin
 
 logger = logging.getLogger(__name__)
 
@@ -25,13 +35,18 @@ def start_replica(
     available_now: bool | None = None,
     on_batch: Callable[[BatchStats], None] | None = None,
 ) -> StreamingQuery:
-    """Create missing tables, then start the replica's query (its own session, so its confs are its own)."""
+    """Check the log and the checkpoint, create missing tables, then start the replica's query.
+
+    The query runs in its own session (so its Delta write confs are its own) and is named after the replica.
+    """
     check_reachable(cfg)
     session = spark.newSession()
     schemas = ensure_replica_tables(session, cfg)
+    claim_checkpoint(session, cfg)
+    _check_no_data_loss(session, cfg)
     handler = make_batch_handler(cfg, schemas, on_batch)
     writer = (
-        read_changes(session, cfg)
+        read_changes(session, cfg, starting_offsets(session, cfg))
         .writeStream.queryName(cfg.name)
         .option("checkpointLocation", cfg.checkpoint)
         .foreachBatch(handler)
@@ -48,6 +63,19 @@ def start_replica(
         "available-now" if once else f"every {cfg.trigger.interval}",
     )
     return query
+
+
+def _check_no_data_loss(spark: SparkSession, cfg: ReplicaConfig) -> None:
+    applied = applied_so_far(spark, cfg)
+    if not applied:
+        return
+    try:
+        admin = TopicAdmin(cfg.kafka.client_config())
+        log_start = {topic: admin.earliest_offsets(topic) for topic in applied}
+    except TopicError as exc:  # e.g. security options only Spark's Java client understands
+        logger.warning("replica %s: could not check the log's start offsets (%s); Spark will check", cfg.name, exc)
+        return
+    check_log_still_holds(applied, log_start, cfg)
 
 
 def run_replica(spark: SparkSession, cfg: ReplicaConfig, available_now: bool | None = None) -> None:
@@ -71,6 +99,11 @@ def run_replica(spark: SparkSession, cfg: ReplicaConfig, available_now: bool | N
                 query.awaitTermination(1)
             query.stop()
         query.awaitTermination()  # re-raises a failure of the query
+    except StreamingQueryException as exc:
+        explained = explain(exc, cfg)
+        if explained is not None:
+            raise explained from exc
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
