@@ -18,8 +18,6 @@ logger = logging.getLogger(__name__)
 Offsets = dict[str, dict[int, int]]
 
 
-
-
 def _fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
     """(Hadoop FileSystem, Path) for ``path``: checkpoints may live on any storage Spark can use."""
     jvm = spark.sparkContext._jvm

@@ -51,8 +51,12 @@ def test_a_lost_checkpoint_resumes_from_the_offsets_in_the_delta_commits(
 
     assert sum(s.records for s in stats) == len(newer)  # nothing before the recorded offsets was read again
     assert stats[-1].offsets == {topic: end_offsets(log)}
-    assert_df_equality(replica_df(spark, cfg, "orders"), expected_df(spark, cfg, "orders", log),
-                       ignore_row_order=True, ignore_nullable=True)  # fmt: skip
+    assert_df_equality(
+        replica_df(spark, cfg, "orders"),
+        expected_df(spark, cfg, "orders", log),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
 
 
 def test_another_replicas_checkpoint_is_refused(
@@ -63,8 +67,9 @@ def test_another_replicas_checkpoint_is_refused(
     first = replica_config(tmp_path, connection["bootstrap.servers"], "owner", {"orders": orders_table(topic)})
     run_available_now(spark, first)
     for name, table_topic in (("intruder", topic), ("owner", other_topic)):
-        cfg = replica_config(tmp_path / name, connection["bootstrap.servers"], name,
-                             {"orders": orders_table(table_topic)})  # fmt: skip
+        cfg = replica_config(
+            tmp_path / name, connection["bootstrap.servers"], name, {"orders": orders_table(table_topic)}
+        )
         cfg = type(cfg)(**{**cfg.__dict__, "checkpoint": first.checkpoint})
         with pytest.raises(CheckpointError, match=f"checkpoint {first.checkpoint} belongs to replica 'owner'"):
             start_replica(spark, cfg, available_now=True)
