@@ -24,8 +24,9 @@ def main(argv: list[str]) -> int:
 
     def body() -> int:
         cfg = load_replica(args.conf)
-        spark = build_session(f"replica-{cfg.name}", local_settings())
-        run_replica(spark, cfg, available_now=True if args.available_now else None)
+        settings = local_settings()
+        spark = build_session(f"replica-{cfg.name}", settings)
+        run_replica(spark, cfg, available_now=True if args.available_now else None, crash_at=settings.crash_at)
         return 0
 
     return guarded(body)

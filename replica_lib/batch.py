@@ -9,6 +9,8 @@ what the first run decided.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from replica_lib import decode
-from replica_lib.config import ReplicaConfig
+from replica_lib.config import CrashPoint, ReplicaConfig
 from replica_lib.merge import Commit, append_quarantine, merge_rows, merge_tombstones
 from replica_lib.ordering import current_versions, dedup, latest_per_key
 from replica_lib.progress import batch_end_offsets, checkpoint_generation
@@ -26,6 +28,11 @@ from replica_lib.target import PROVENANCE_COLUMNS, TableSchema, read_table, tomb
 logger = logging.getLogger(__name__)
 
 BatchHandler = Callable[[DataFrame, int], None]
+STOP_MARKER = "replica stop requested"
+
+
+class StopRequested(Exception):
+    """Raised by the handler before any write once a stop was requested: the batch runs on the next start."""
 
 
 @dataclass
@@ -78,11 +85,26 @@ def make_batch_handler(
     cfg: ReplicaConfig,
     schemas: dict[str, TableSchema],
     on_batch: Callable[[BatchStats], None] | None = None,
+    crash_at: CrashPoint | None = None,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> BatchHandler:
-    """A ``foreachBatch`` function for ``cfg`` (closes over immutable config only)."""
+    """A ``foreachBatch`` function for ``cfg`` (closes over immutable config only).
+
+    ``crash_at`` is for the fault harness: the process kills itself at that point of a batch.
+    """
     generations: dict[str, str] = {}
 
+    def crash(point: str, batch_id: int) -> None:
+        if crash_at is None or crash_at.point != point:
+            return
+        if crash_at.batch_id is None or crash_at.batch_id == batch_id:
+            logger.warning("replica %s batch %d: crashing at %s (REPLICA_CRASH_AT)", cfg.name, batch_id, point)
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
+
     def handle(batch_df: DataFrame, batch_id: int) -> None:
+        if stop_requested is not None and stop_requested():
+            raise StopRequested(f"{STOP_MARKER}: batch {batch_id} of replica {cfg.name} runs on the next start")
         started = time.monotonic()
         spark = batch_df.sparkSession
         if "id" not in generations:
@@ -96,6 +118,7 @@ def make_batch_handler(
             "offsets": {t: {str(p): o for p, o in parts.items()} for t, parts in stats.offsets.items()},
         }
 
+        crash("before_batch", batch_id)
         raw_df = batch_df.persist()
         try:
             stats.records = raw_df.count()
@@ -103,46 +126,32 @@ def make_batch_handler(
                 stats.seconds = time.monotonic() - started
                 logger.info(stats.line(cfg.name))
                 return
-            unique_df = dedup(raw_df)
             # Each stage is checkpointed locally: it truncates the plan, so later stages (and Delta's MERGE,
             # which plans its source several times) do not re-analyse the decoding expressions.
-            env_df = decode.envelopes(unique_df, cfg, schemas).localCheckpoint()
+            env_df = decode.envelopes(dedup(raw_df), cfg, schemas).localCheckpoint()
             stats.duplicates = stats.records - env_df.count()
+            changes = {t.name: decode.table_changes(env_df, schemas[t.name]).localCheckpoint() for t in cfg.tables}
             rejected = [env_df.where(F.col("_error").isNotNull() & F.col("_table").isNull())]
+            rejected += [decode.rejected(changes_df) for changes_df in changes.values()]
+            quarantine_df = quarantine_rows(_union(rejected), cfg.name, batch_id).localCheckpoint()
+            stats.quarantined = quarantine_df.count()
+            if stats.quarantined:
+                quarantine_app = app_id(cfg.name, "_quarantine", generation)
+                append_quarantine(cfg.quarantine, quarantine_df, Commit(quarantine_app, batch_id, metadata))
+            crash("after_quarantine", batch_id)
             for table in cfg.tables:
-                schema = schemas[table.name]
-                changes_df = decode.table_changes(env_df, schema).localCheckpoint()
-                rejected.append(decode.rejected(changes_df))
-                winners_df = _winners(
-                    spark,
-                    decode.valid(changes_df),
-                    schema,
-                    app_id(cfg.name, table.name, generation),
-                    batch_id,
-                )
-                counts = {
-                    row["_op"]: row["n"] for row in winners_df.groupBy("_op").agg(F.count("*").alias("n")).collect()
+                schema, table_app = schemas[table.name], app_id(cfg.name, table.name, generation)
+                winners_df = _winners(spark, decode.valid(changes[table.name]), schema, table_app, batch_id)
+                counts: dict[str, int] = {
+                    row["_op"]: row["count"] for row in winners_df.groupBy("_op").count().collect()
                 }
                 stats.upserts += counts.get("upsert", 0)
                 stats.deletes += counts.get("delete", 0)
-                table_app = app_id(cfg.name, table.name, generation)
-                merge_tombstones(
-                    spark,
-                    tombstone_target(table),
-                    winners_df,
-                    schema,
-                    Commit(f"{table_app}:tombstones", batch_id, metadata),
-                )
+                tombstone_commit = Commit(f"{table_app}:tombstones", batch_id, metadata)
+                merge_tombstones(spark, tombstone_target(table), winners_df, schema, tombstone_commit)
+                crash("after_tombstones", batch_id)
                 merge_rows(spark, table.target, winners_df, schema, Commit(table_app, batch_id, metadata))
-            quarantine_df = quarantine_rows(_union(rejected), cfg.name, batch_id).persist()
-            stats.quarantined = quarantine_df.count()
-            if stats.quarantined:
-                append_quarantine(
-                    cfg.quarantine,
-                    quarantine_df,
-                    Commit(app_id(cfg.name, "_quarantine", generation), batch_id, metadata),
-                )
-            quarantine_df.unpersist()
+            crash("after_commit", batch_id)
         finally:
             raw_df.unpersist()
         stats.seconds = time.monotonic() - started

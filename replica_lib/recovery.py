@@ -10,8 +10,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
+from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
@@ -31,6 +34,34 @@ from replica_lib.target import table_exists
 logger = logging.getLogger(__name__)
 
 OWNER_FILE = "_replica.json"
+LOCK_FILE = "_replica.lock"
+_held_locks: dict[str, int] = {}  # checkpoint -> file descriptor, held until this process exits
+
+
+def lock_checkpoint(cfg: ReplicaConfig) -> None:
+    """One running instance per replica: an exclusive lock on a local checkpoint folder.
+
+    The kernel drops the lock when the process dies (even by SIGKILL), so a killed replica never leaves a stale
+    lock. Checkpoints on other storage (HDFS, object stores) rely on Spark's own detection of a second writer.
+    """
+    parsed = urlparse(cfg.checkpoint)
+    if parsed.scheme not in ("", "file") or cfg.checkpoint in _held_locks:
+        return
+    folder = parsed.path if parsed.scheme else cfg.checkpoint
+    os.makedirs(folder, exist_ok=True)
+    fd = os.open(os.path.join(folder, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise CheckpointError(
+            f"replica {cfg.name} is already running on checkpoint {cfg.checkpoint} ({holder}): run one instance "
+            "per replica; stop the other one first"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode())
+    _held_locks[cfg.checkpoint] = fd
 
 
 def claim_checkpoint(spark: SparkSession, cfg: ReplicaConfig) -> None:

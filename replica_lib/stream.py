@@ -12,14 +12,15 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from replica_lib.batch import BatchStats, make_batch_handler
-from replica_lib.config import ReplicaConfig
+from replica_lib.batch import STOP_MARKER, BatchStats, make_batch_handler
+from replica_lib.config import CrashPoint, ReplicaConfig
 from replica_lib.errors import TopicError
 from replica_lib.recovery import (
     applied_so_far,
     check_log_still_holds,
     claim_checkpoint,
     explain,
+    lock_checkpoint,
     starting_offsets,
 )
 from replica_lib.source import check_reachable, read_changes
@@ -34,17 +35,20 @@ def start_replica(
     cfg: ReplicaConfig,
     available_now: bool | None = None,
     on_batch: Callable[[BatchStats], None] | None = None,
+    crash_at: CrashPoint | None = None,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> StreamingQuery:
     """Check the log and the checkpoint, create missing tables, then start the replica's query.
 
     The query runs in its own session (so its Delta write confs are its own) and is named after the replica.
     """
     check_reachable(cfg)
+    lock_checkpoint(cfg)
     session = spark.newSession()
     schemas = ensure_replica_tables(session, cfg)
     claim_checkpoint(session, cfg)
     _check_no_data_loss(session, cfg)
-    handler = make_batch_handler(cfg, schemas, on_batch)
+    handler = make_batch_handler(cfg, schemas, on_batch, crash_at, stop_requested)
     writer = (
         read_changes(session, cfg, starting_offsets(session, cfg))
         .writeStream.queryName(cfg.name)
@@ -78,13 +82,15 @@ def _check_no_data_loss(spark: SparkSession, cfg: ReplicaConfig) -> None:
     check_log_still_holds(applied, log_start, cfg)
 
 
-def run_replica(spark: SparkSession, cfg: ReplicaConfig, available_now: bool | None = None) -> None:
+def run_replica(
+    spark: SparkSession, cfg: ReplicaConfig, available_now: bool | None = None, crash_at: CrashPoint | None = None
+) -> None:
     """Run until the log is drained (available-now) or until SIGTERM/Ctrl-C, which stop after the current batch.
 
     Raises the query's ``StreamingQueryException`` if a batch fails.
     """
-    query = start_replica(spark, cfg, available_now)
     stop = threading.Event()
+    query = start_replica(spark, cfg, available_now, crash_at=crash_at, stop_requested=stop.is_set)
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
         logger.info("replica %s: %s received, stopping after the current batch", cfg.name, signal.Signals(signum).name)
@@ -95,11 +101,15 @@ def run_replica(spark: SparkSession, cfg: ReplicaConfig, available_now: bool | N
         while query.isActive and not stop.is_set():
             query.awaitTermination(1)
         if stop.is_set() and query.isActive:
+            # The batch in flight finishes; the next one is refused before any write (StopRequested).
             while query.isActive and query.status["isTriggerActive"]:
                 query.awaitTermination(1)
             query.stop()
         query.awaitTermination()  # re-raises a failure of the query
     except StreamingQueryException as exc:
+        if stop.is_set() and STOP_MARKER in str(exc):
+            logger.info("replica %s stopped", cfg.name)
+            return
         explained = explain(exc, cfg)
         if explained is not None:
             raise explained from exc

@@ -1,0 +1,53 @@
+"""The fault harness as a job, for long runs: ./replica chaos --kills 50 --keys 2000 [--rate 100]
+
+Starts its own Kafka broker, runs replica "chaos" through spark-submit.sh while a producer writes, kills and
+restarts it (every crash window first, then random SIGKILLs), and prints the oracle's figures. Exit 1 if any
+figure that must be zero is not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from jobs._cli import guarded, setup_logging
+from replica_lib.chaos import ChaosPlan, run_chaos
+from replica_lib.config import CRASH_POINTS, local_settings
+from replica_lib.embedded_kafka import EmbeddedKafka
+from replica_lib.session import build_session
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="chaos", description="Kill a running replica over and over; check it.")
+    parser.add_argument("--kills", type=int, default=20, help="random SIGKILLs (default 20)")
+    parser.add_argument("--window-repeats", type=int, default=2, help="runs of each crash window (default 2)")
+    parser.add_argument("--keys", type=int, default=1000)
+    parser.add_argument("--rate", type=float, default=100.0, help="changes per second written (default 100)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workdir", type=Path, help="default: a new temporary folder")
+    args = parser.parse_args(argv)
+    setup_logging()
+    try:
+        plan = ChaosPlan(keys=args.keys, kills=args.kills, crash_windows=CRASH_POINTS * args.window_repeats,
+                         rate=args.rate, seed=args.seed)  # fmt: skip
+    except ValueError as exc:
+        parser.error(str(exc))
+    settings = local_settings()
+
+    def body() -> int:
+        workdir = args.workdir or Path(tempfile.mkdtemp(prefix="replica-chaos-"))
+        print(f"working in {workdir}")
+        with EmbeddedKafka(workdir / "broker", settings.state_dir, settings.java_home) as broker:
+            spark = build_session("replica-chaos-oracle", settings, master="local[1]")
+            report = run_chaos(spark, plan, workdir, broker.bootstrap_servers)
+        for line in report.lines():
+            print(line)
+        return 0 if report.ok else 1
+
+    return guarded(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

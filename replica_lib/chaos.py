@@ -1,0 +1,459 @@
+"""The fault harness: run a replica as a real ``spark-submit.sh`` process, kill it, restart it, check the oracle.
+
+A producer writes a seeded keyed workload (inserts, updates, deletes) while the materializer runs; the harness
+SIGKILLs the materializer's whole process group (driver and JVM) at random moments, and makes it kill itself at
+named crash windows (``REPLICA_CRASH_AT``), restarting it on the same checkpoint each time. At the end the oracle
+checks, against the reference model (:mod:`replica_lib.model`):
+
+* the table equals the model of every record consumed, row for row (no lost, extra, duplicate or stale rows);
+* every Delta version equals the model applied to exactly the offsets that version records (time travel), so no
+  intermediate state was ever wrong;
+* each batch id is committed at most once per app id, and the applied offsets never go backwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import statistics
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from replica_lib import loadgen
+from replica_lib.config import CRASH_POINTS, PROJECT_ROOT, load_replica
+from replica_lib.embedded_kafka import EmbeddedKafka
+from replica_lib.model import LoggedChange, fold
+from replica_lib.producer import ChangeProducer
+from replica_lib.progress import last_committed_offsets
+from replica_lib.topics import TopicAdmin, TopicSpec
+
+logger = logging.getLogger(__name__)
+
+_CONF = """
+[replica]
+name = "chaos"
+checkpoint = "{data}/_checkpoint"
+quarantine = {{ path = "{data}/_quarantine" }}
+
+[kafka]
+bootstrap_servers = "{bootstrap}"
+
+[source]
+max_offsets_per_trigger = {max_offsets}
+
+[trigger]
+interval = "1 second"
+
+[tables.orders]
+topic = "{topic}"
+keys = ["order_id"]
+sequence_by = "seq"
+schema = "{schema}"
+target = {{ path = "{data}/orders" }}
+"""
+_COLUMNS = ("order_id", "customer", "amount", "status", "updated_ms", "_src_topic", "_src_partition", "_src_offset",
+            "_src_seq")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ChaosPlan:
+    """What to inflict: ``kills`` random SIGKILLs, after a run of each crash window in ``crash_windows``."""
+
+    keys: int = 200
+    kills: int = 10
+    crash_windows: tuple[str, ...] = CRASH_POINTS
+    rate: float = 10.0  # changes per second, written throughout the run
+    partitions: int = 3
+    max_offsets_per_trigger: int = 500
+    kill_delay_s: tuple[float, float] = (0.2, 4.0)  # after the restarted job's first batch
+    seed: int = 1
+    launch_timeout_s: float = 240.0
+
+    def __post_init__(self) -> None:
+        unknown = [w for w in self.crash_windows if w not in CRASH_POINTS]
+        if unknown:
+            raise ValueError(f"unknown crash windows {unknown}: use {', '.join(CRASH_POINTS)}")
+        if self.kills < 0 or self.keys < 1 or self.rate <= 0:
+            raise ValueError("kills must be >= 0, keys >= 1 and rate > 0")
+
+
+@dataclass
+class ChaosReport:
+    """What happened and what the oracle found; everything in the second group must be 0."""
+
+    events: int = 0
+    keys: int = 0
+    kills: int = 0
+    crashes: dict[str, int] = field(default_factory=dict)
+    restarts: int = 0
+    recovery_s: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    versions_checked: int = 0
+    # must be zero:
+    lost: int = 0
+    extra: int = 0
+    duplicates: int = 0
+    stale: int = 0
+    versions_wrong: int = 0
+    batches_committed_twice: int = 0
+    offsets_backwards: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.extra or self.duplicates or self.stale or self.versions_wrong
+                    or self.batches_committed_twice or self.offsets_backwards)  # fmt: skip
+
+    def lines(self) -> list[str]:
+        recovery = (f"median {statistics.median(self.recovery_s):.1f}s, max {max(self.recovery_s):.1f}s"
+                    if self.recovery_s else "n/a")  # fmt: skip
+        return [
+            f"events {self.events}, keys {self.keys}, random kills {self.kills}, crash windows "
+            f"{json.dumps(self.crashes, sort_keys=True)}, restarts {self.restarts}, {self.seconds:.0f}s",
+            f"recovery (restart to first applied batch): {recovery}",
+            f"Delta versions checked by time travel: {self.versions_checked}",
+            f"lost {self.lost}, extra {self.extra}, duplicates {self.duplicates}, stale {self.stale}, "
+            f"wrong versions {self.versions_wrong}, batches committed twice {self.batches_committed_twice}, "
+            f"offsets going backwards {self.offsets_backwards}: {'OK' if self.ok else 'FAILED'}",
+        ]
+
+
+class _Producer(threading.Thread):
+    """The primary: writes the seeded workload at ``rate`` until stopped."""
+
+    def __init__(self, connection: Mapping[str, str], topic: str, plan: ChaosPlan) -> None:
+        super().__init__(name="chaos-producer", daemon=True)
+        self.connection, self.topic, self.plan = connection, topic, plan
+        self.stop = threading.Event()
+        self.logged: list[LoggedChange] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            changes = loadgen.generate(loadgen.Workload(keys=self.plan.keys, events=1_000_000, seed=self.plan.seed))
+            with ChangeProducer(self.connection) as producer:
+                sent = []
+                started = time.monotonic()
+                for i, change in enumerate(changes):
+                    if self.stop.is_set():
+                        break
+                    sent.append((producer.send(self.topic, change), change))
+                    ahead = started + (i + 1) / self.plan.rate - time.monotonic()
+                    if ahead > 0:
+                        time.sleep(ahead)  # pacing the primary
+                producer.flush()
+                self.logged = [LoggedChange(d.result(), c, "orders") for d, c in sent]
+        except BaseException as exc:  # reported by the harness
+            self.error = exc
+
+
+class _Launch:
+    """One run of ``spark-submit.sh jobs/materialize.py`` in its own process group, its output in a file."""
+
+    def __init__(self, conf: Path, log: Path, crash_at: str | None) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "REPLICA_CRASH_AT"}
+        if crash_at:
+            env["REPLICA_CRASH_AT"] = crash_at
+        self.log = log
+        self.started = time.monotonic()
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(
+                [str(PROJECT_ROOT / "spark-submit.sh"), "jobs/materialize.py", str(conf)],
+                cwd=PROJECT_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def applied_batches(self) -> int:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return sum(1 for line in text.splitlines() if " batch " in line and "records in" in line
+                   and " 0 records in" not in line)  # fmt: skip
+
+    def wait_for_batch(self, timeout_s: float) -> float:
+        """Seconds from launch to its first applied batch with records."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.applied_batches():
+                return time.monotonic() - self.started
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the materializer exited ({self.proc.returncode}) early; see {self.log}")
+            time.sleep(0.2)
+        raise RuntimeError(f"the materializer applied no batch within {timeout_s:.0f}s; see {self.log}")
+
+    def wait_exit(self, timeout_s: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            self.kill()
+            raise RuntimeError(f"the materializer did not exit within {timeout_s:.0f}s; see {self.log}") from exc
+
+    def kill(self) -> None:
+        """SIGKILL the driver and its JVM at once, as a lost machine would."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=60)
+
+
+def run_chaos(spark: SparkSession, plan: ChaosPlan, workdir: Path, bootstrap_servers: str) -> ChaosReport:
+    """Run the plan against the cluster at ``bootstrap_servers``; returns the report (check ``report.ok``)."""
+    rng = random.Random(plan.seed)
+    started = time.monotonic()
+    workdir.mkdir(parents=True, exist_ok=True)
+    connection = {"bootstrap.servers": bootstrap_servers}
+    topic = f"chaos-{plan.seed}-{int(time.time())}"
+    TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=plan.partitions), local=True)
+    conf = workdir / "chaos.toml"
+    conf.write_text(_CONF.format(data=workdir / "data", bootstrap=bootstrap_servers, topic=topic,
+                                 max_offsets=plan.max_offsets_per_trigger, schema=loadgen.ORDERS_SCHEMA))  # fmt: skip
+    report = ChaosReport(keys=plan.keys)
+    producer = _Producer(connection, topic, plan)
+    producer.start()
+    launches = 0
+
+    def launch(crash_at: str | None = None) -> _Launch:
+        nonlocal launches
+        launches += 1
+        return _Launch(conf, workdir / f"launch-{launches:03d}.log", crash_at)
+
+    try:
+        for window in plan.crash_windows:
+            run = launch(crash_at=window)
+            code = run.wait_exit(plan.launch_timeout_s)
+            if code != -signal.SIGKILL:
+                raise RuntimeError(f"crash window {window}: expected the job to kill itself, exit code {code}")
+            run.kill()  # its JVM too
+            report.crashes[window] = report.crashes.get(window, 0) + 1
+            logger.info("crash window %s hit (launch %d)", window, launches)
+        for i in range(plan.kills):
+            run = launch()
+            report.recovery_s.append(run.wait_for_batch(plan.launch_timeout_s))
+            time.sleep(rng.uniform(*plan.kill_delay_s))  # a random moment: mid-batch or between batches
+            run.kill()
+            report.kills += 1
+            logger.info("random kill %d/%d after %.1fs (launch %d)", i + 1, plan.kills,
+                        time.monotonic() - run.started, launches)  # fmt: skip
+        producer.stop.set()
+        producer.join(timeout=120)
+        if producer.error is not None:
+            raise RuntimeError(f"the producer failed: {producer.error}") from producer.error
+        final = launch()
+        report.recovery_s.append(final.wait_for_batch(plan.launch_timeout_s))
+        _wait_caught_up(spark, conf, producer.logged, 3 * plan.launch_timeout_s)
+        final.proc.send_signal(signal.SIGTERM)
+        if final.wait_exit(120) != 0:
+            raise RuntimeError(f"the last run did not stop cleanly on SIGTERM; see {final.log}")
+    finally:
+        producer.stop.set()
+    report.restarts = launches - 1
+    report.events = len(producer.logged)
+    _oracle(spark, conf, producer.logged, report)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _end_offsets(logged: Sequence[LoggedChange]) -> dict[str, dict[int, int]]:
+    ends: dict[str, dict[int, int]] = {}
+    for event in logged:
+        parts = ends.setdefault(event.position.topic, {})
+        parts[event.position.partition] = max(parts.get(event.position.partition, 0), event.position.offset + 1)
+    return ends
+
+
+def _wait_caught_up(spark: SparkSession, conf: Path, logged: Sequence[LoggedChange], timeout_s: float) -> None:
+    cfg = load_replica(conf)
+    want = _end_offsets(logged)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        have = last_committed_offsets(spark, cfg.checkpoint) or {}
+        if all(have.get(t, {}).get(p, 0) >= o for t, parts in want.items() for p, o in parts.items()):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"the replica did not catch up with the log within {timeout_s:.0f}s")
+
+
+def _rows(rows: Sequence[Any]) -> tuple[dict[tuple[Any, ...], dict[str, Any]], int]:
+    """Rows keyed by order_id (the comparable columns only), and how many keys appear more than once."""
+    keyed: dict[tuple[Any, ...], dict[str, Any]] = {}
+    counts = Counter(row["order_id"] for row in rows)
+    for row in rows:
+        keyed[(row["order_id"],)] = {c: row[c] for c in _COLUMNS}
+    return keyed, sum(1 for n in counts.values() if n > 1)
+
+
+def _compare(actual: Mapping[tuple[Any, ...], dict[str, Any]],
+             expected: Mapping[tuple[Any, ...], dict[str, Any]]) -> tuple[int, int, int]:  # fmt: skip
+    """(lost, extra, stale) of ``actual`` against ``expected``."""
+    lost = len(expected.keys() - actual.keys())
+    extra = len(actual.keys() - expected.keys())
+    stale = sum(1 for k in expected.keys() & actual.keys()
+                if {c: actual[k][c] for c in _COLUMNS} != {c: expected[k].get(c) for c in _COLUMNS})  # fmt: skip
+    return lost, extra, stale
+
+
+def _oracle(spark: SparkSession, conf: Path, logged: Sequence[LoggedChange], report: ChaosReport) -> None:
+    from delta.tables import DeltaTable
+
+    cfg = load_replica(conf)
+    path = cfg.table("orders").target.path or ""
+    keys, sequenced = {"orders": ("order_id",)}, {"orders": True}
+    actual, report.duplicates = _rows(spark.read.format("delta").load(path).collect())
+    report.lost, report.extra, report.stale = _compare(actual, fold(logged, keys, sequenced)["orders"])
+
+    history = DeltaTable.forPath(spark, path).history().select("version", "userMetadata").orderBy("version")
+    seen: Counter[tuple[str, int]] = Counter()
+    previous: dict[str, dict[int, int]] = {}
+    for row in history.collect():
+        if not row["userMetadata"]:
+            continue
+        meta = json.loads(row["userMetadata"])
+        seen[(meta["generation"], int(meta["batch_id"]))] += 1
+        offsets = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in meta["offsets"].items()}
+        for topic, parts in offsets.items():
+            for partition, offset in parts.items():
+                if offset < previous.get(topic, {}).get(partition, 0):
+                    report.offsets_backwards += 1
+        previous = offsets
+        prefix = [
+            e for e in logged if e.position.offset < offsets.get(e.position.topic, {}).get(e.position.partition, 0)
+        ]
+        at_version, duplicated = _rows(
+            spark.read.format("delta").option("versionAsOf", row["version"]).load(path).collect()
+        )
+        lost, extra, stale = _compare(at_version, fold(prefix, keys, sequenced)["orders"])
+        report.versions_checked += 1
+        if lost or extra or stale or duplicated:
+            report.versions_wrong += 1
+            logger.error("version %d (offsets %s): lost %d, extra %d, stale %d, duplicated %d", row["version"],
+                         offsets, lost, extra, stale, duplicated)  # fmt: skip
+    report.batches_committed_twice = sum(n - 1 for n in seen.values() if n > 1)
+
+
+def run_broker_outages(
+    spark: SparkSession, plan: ChaosPlan, workdir: Path, broker: EmbeddedKafka, outages: int = 2
+) -> ChaosReport:
+    """Kill and restart the broker under a running materializer and producer, then start a materializer while
+    the broker is down; the oracle must hold. A materializer that dies with the broker is restarted, as a
+    supervisor would. ``report.kills`` counts broker kills; ``report.restarts`` materializer restarts."""
+    rng = random.Random(plan.seed)
+    started = time.monotonic()
+    workdir.mkdir(parents=True, exist_ok=True)
+    connection = {"bootstrap.servers": broker.bootstrap_servers}
+    topic = f"outage-{plan.seed}-{int(time.time())}"
+    TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=plan.partitions), local=True)
+    conf = workdir / "chaos.toml"
+    conf.write_text(_CONF.format(data=workdir / "data", bootstrap=broker.bootstrap_servers, topic=topic,
+                                 max_offsets=plan.max_offsets_per_trigger, schema=loadgen.ORDERS_SCHEMA))  # fmt: skip
+    report = ChaosReport(keys=plan.keys)
+    producer = _Producer(connection, topic, plan)
+    producer.start()
+    runs: list[_Launch] = []
+
+    def launch() -> _Launch:
+        runs.append(_Launch(conf, workdir / f"launch-{len(runs) + 1:03d}.log", None))
+        return runs[-1]
+
+    try:
+        run = launch()
+        report.recovery_s.append(run.wait_for_batch(plan.launch_timeout_s))
+        for _ in range(outages):
+            time.sleep(rng.uniform(*plan.kill_delay_s))
+            broker.kill()
+            report.kills += 1
+            time.sleep(rng.uniform(1.0, 5.0))  # the outage
+            broker.start()
+            if run.proc.poll() is not None:  # the job gave up during the outage: its supervisor restarts it
+                run.kill()
+                run = launch()
+            done = run.applied_batches()
+            deadline = time.monotonic() + plan.launch_timeout_s
+            while run.applied_batches() <= done and time.monotonic() < deadline:
+                if run.proc.poll() is not None:
+                    run.kill()
+                    run = launch()
+                    done = 0
+                time.sleep(0.5)
+            if run.applied_batches() <= done:
+                raise RuntimeError(f"no batch applied within {plan.launch_timeout_s:.0f}s after the broker came back")
+        # A materializer started while the broker is down must fail clearly (or wait), then work once it is back.
+        run.proc.send_signal(signal.SIGTERM)
+        run.wait_exit(120)
+        broker.kill()
+        report.kills += 1
+        down = launch()
+        code = down.wait_exit(plan.launch_timeout_s)
+        down.kill()
+        if code != 2 or "no Kafka broker reachable" not in down.log.read_text(errors="replace"):
+            raise RuntimeError(f"a materializer started without a broker did not fail clearly (exit {code}); "
+                               f"see {down.log}")  # fmt: skip
+        broker.start()
+        producer.stop.set()
+        producer.join(timeout=180)
+        if producer.error is not None:
+            raise RuntimeError(f"the producer failed: {producer.error}") from producer.error
+        final = launch()
+        report.recovery_s.append(final.wait_for_batch(plan.launch_timeout_s))
+        _wait_caught_up(spark, conf, producer.logged, 3 * plan.launch_timeout_s)
+        final.proc.send_signal(signal.SIGTERM)
+        if final.wait_exit(120) != 0:
+            raise RuntimeError(f"the last run did not stop cleanly on SIGTERM; see {final.log}")
+    finally:
+        producer.stop.set()
+        if broker.pid is None:
+            broker.start()
+    report.restarts = len(runs) - 1
+    report.events = len(producer.logged)
+    _oracle(spark, conf, producer.logged, report)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def run_second_instance(spark: SparkSession, plan: ChaosPlan, workdir: Path, bootstrap_servers: str) -> ChaosReport:
+    """Start a second instance of a running replica by mistake: it must fail at once and clearly, and the first
+    must go on undisturbed; the oracle must hold. ``report.restarts`` counts the refused instance."""
+    started = time.monotonic()
+    workdir.mkdir(parents=True, exist_ok=True)
+    connection = {"bootstrap.servers": bootstrap_servers}
+    topic = f"twice-{plan.seed}-{int(time.time())}"
+    TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=plan.partitions), local=True)
+    conf = workdir / "chaos.toml"
+    conf.write_text(_CONF.format(data=workdir / "data", bootstrap=bootstrap_servers, topic=topic,
+                                 max_offsets=plan.max_offsets_per_trigger, schema=loadgen.ORDERS_SCHEMA))  # fmt: skip
+    report = ChaosReport(keys=plan.keys)
+    producer = _Producer(connection, topic, plan)
+    producer.start()
+    try:
+        first = _Launch(conf, workdir / "first.log", None)
+        report.recovery_s.append(first.wait_for_batch(plan.launch_timeout_s))
+        second = _Launch(conf, workdir / "second.log", None)
+        code = second.wait_exit(plan.launch_timeout_s)
+        second.kill()
+        report.restarts = 1
+        if code != 2 or "is already running on checkpoint" not in second.log.read_text(errors="replace"):
+            raise RuntimeError(f"the second instance did not fail clearly (exit {code}); see {second.log}")
+        done = first.applied_batches()
+        first.wait_for_batch(plan.launch_timeout_s)
+        producer.stop.set()
+        producer.join(timeout=120)
+        if producer.error is not None:
+            raise RuntimeError(f"the producer failed: {producer.error}") from producer.error
+        if first.proc.poll() is not None:
+            raise RuntimeError(f"the first instance stopped (exit {first.proc.returncode}) after {done} batches")
+        _wait_caught_up(spark, conf, producer.logged, 3 * plan.launch_timeout_s)
+        first.proc.send_signal(signal.SIGTERM)
+        if first.wait_exit(120) != 0:
+            raise RuntimeError(f"the first instance did not stop cleanly on SIGTERM; see {first.log}")
+    finally:
+        producer.stop.set()
+    report.events = len(producer.logged)
+    _oracle(spark, conf, producer.logged, report)
+    report.seconds = time.monotonic() - started
+    return report

@@ -1,0 +1,47 @@
+"""Exactly-once under faults: the CI variant of the fault harness (the long one is ./replica chaos)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from replica_lib.chaos import ChaosPlan, run_broker_outages, run_chaos, run_second_instance
+from replica_lib.config import CRASH_POINTS, LocalSettings
+from replica_lib.embedded_kafka import EmbeddedKafka
+
+pytestmark = pytest.mark.integration
+
+
+def test_random_kills_and_every_crash_window_leave_every_version_exact(
+    spark: SparkSession, kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    plan = ChaosPlan(keys=150, kills=10, crash_windows=CRASH_POINTS, seed=4)
+    report = run_chaos(spark, plan, tmp_path, kafka.bootstrap_servers)
+    print("\n".join(report.lines()))
+    assert report.kills == 10
+    assert report.crashes == dict.fromkeys(CRASH_POINTS, 1)
+    assert report.events > 0 and report.versions_checked > 0
+    assert (report.lost, report.extra, report.duplicates, report.stale) == (0, 0, 0, 0)
+    assert (report.versions_wrong, report.batches_committed_twice, report.offsets_backwards) == (0, 0, 0)
+
+
+def test_broker_killed_twice_and_down_at_start_loses_and_doubles_nothing(
+    spark: SparkSession, settings: LocalSettings, tmp_path: Path
+) -> None:
+    with EmbeddedKafka(tmp_path / "broker", settings.state_dir, settings.java_home) as broker:
+        report = run_broker_outages(spark, ChaosPlan(keys=100, seed=9), tmp_path / "run", broker, outages=2)
+    print("\n".join(report.lines()))
+    assert report.kills == 3  # two outages under a running replica, one before a start
+    assert report.events > 0 and report.versions_checked > 0
+    assert report.ok, report.lines()
+
+
+def test_a_second_instance_of_a_running_replica_fails_clearly(
+    spark: SparkSession, kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    report = run_second_instance(spark, ChaosPlan(keys=100, seed=11), tmp_path, kafka.bootstrap_servers)
+    print("\n".join(report.lines()))
+    assert report.events > 0
+    assert report.ok, report.lines()
