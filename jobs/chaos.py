@@ -1,4 +1,4 @@
-"""The fault harness as a job, for long runs: ./replica chaos --kills 50 --keys 2000 [--rate 100]
+"""The fault harness as a job, for long runs: ./replica chaos --kills 50 --events 20000 --keys 2000
 
 Starts its own Kafka broker, runs replica "chaos" through spark-submit.sh while a producer writes, kills and
 restarts it (every crash window first, then random SIGKILLs), and prints the oracle's figures. Exit 1 if any
@@ -23,15 +23,27 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="chaos", description="Kill a running replica over and over; check it.")
     parser.add_argument("--kills", type=int, default=20, help="random SIGKILLs (default 20)")
     parser.add_argument("--window-repeats", type=int, default=2, help="runs of each crash window (default 2)")
+    parser.add_argument(
+        "--events",
+        type=int,
+        default=0,
+        help="write at least this many changes (default: as many as --rate gives while the kills last)",
+    )
     parser.add_argument("--keys", type=int, default=1000)
-    parser.add_argument("--rate", type=float, default=100.0, help="changes per second written (default 100)")
+    parser.add_argument("--rate", type=float, default=20.0, help="changes per second written (default 20)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workdir", type=Path, help="default: a new temporary folder")
     args = parser.parse_args(argv)
     setup_logging()
     try:
-        plan = ChaosPlan(keys=args.keys, kills=args.kills, crash_windows=CRASH_POINTS * args.window_repeats,
-                         rate=args.rate, seed=args.seed)  # fmt: skip
+        plan = ChaosPlan(
+            keys=args.keys,
+            events=args.events,
+            kills=args.kills,
+            crash_windows=CRASH_POINTS * args.window_repeats,
+            rate=args.rate,
+            seed=args.seed,
+        )
     except ValueError as exc:
         parser.error(str(exc))
     settings = local_settings()

@@ -63,8 +63,17 @@ sequence_by = "seq"
 schema = "{schema}"
 target = {{ path = "{data}/orders" }}
 """
-_COLUMNS = ("order_id", "customer", "amount", "status", "updated_ms", "_src_topic", "_src_partition", "_src_offset",
-            "_src_seq")  # fmt: skip
+_COLUMNS = (
+    "order_id",
+    "customer",
+    "amount",
+    "status",
+    "updated_ms",
+    "_src_topic",
+    "_src_partition",
+    "_src_offset",
+    "_src_seq",
+)
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,7 @@ class ChaosPlan:
     """What to inflict: ``kills`` random SIGKILLs, after a run of each crash window in ``crash_windows``."""
 
     keys: int = 200
+    events: int = 0  # at least this many changes: the primary writes until the kills are done and this is reached
     kills: int = 10
     crash_windows: tuple[str, ...] = CRASH_POINTS
     rate: float = 10.0  # changes per second, written throughout the run
@@ -112,12 +122,22 @@ class ChaosReport:
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.extra or self.duplicates or self.stale or self.versions_wrong
-                    or self.batches_committed_twice or self.offsets_backwards)  # fmt: skip
+        return not (
+            self.lost
+            or self.extra
+            or self.duplicates
+            or self.stale
+            or self.versions_wrong
+            or self.batches_committed_twice
+            or self.offsets_backwards
+        )
 
     def lines(self) -> list[str]:
-        recovery = (f"median {statistics.median(self.recovery_s):.1f}s, max {max(self.recovery_s):.1f}s"
-                    if self.recovery_s else "n/a")  # fmt: skip
+        recovery = (
+            f"median {statistics.median(self.recovery_s):.1f}s, max {max(self.recovery_s):.1f}s"
+            if self.recovery_s
+            else "n/a"
+        )
         return [
             f"events {self.events}, keys {self.keys}, random kills {self.kills}, crash windows "
             f"{json.dumps(self.crashes, sort_keys=True)}, restarts {self.restarts}, {self.seconds:.0f}s",
@@ -141,12 +161,15 @@ class _Producer(threading.Thread):
 
     def run(self) -> None:
         try:
-            changes = loadgen.generate(loadgen.Workload(keys=self.plan.keys, events=1_000_000, seed=self.plan.seed))
+            workload = loadgen.Workload(
+                keys=self.plan.keys, events=max(self.plan.events, 1_000_000), seed=self.plan.seed
+            )
+            changes = loadgen.generate(workload)
             with ChangeProducer(self.connection) as producer:
                 sent = []
                 started = time.monotonic()
                 for i, change in enumerate(changes):
-                    if self.stop.is_set():
+                    if self.stop.is_set() and i >= self.plan.events:
                         break
                     sent.append((producer.send(self.topic, change), change))
                     ahead = started + (i + 1) / self.plan.rate - time.monotonic()
@@ -170,13 +193,20 @@ class _Launch:
         with log.open("w") as out:
             self.proc = subprocess.Popen(
                 [str(PROJECT_ROOT / "spark-submit.sh"), "jobs/materialize.py", str(conf)],
-                cwd=PROJECT_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                cwd=PROJECT_ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def applied_batches(self) -> int:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        return sum(1 for line in text.splitlines() if " batch " in line and "records in" in line
-                   and " 0 records in" not in line)  # fmt: skip
+        return sum(
+            1
+            for line in text.splitlines()
+            if " batch " in line and "records in" in line and " 0 records in" not in line
+        )
 
     def wait_for_batch(self, timeout_s: float) -> float:
         """Seconds from launch to its first applied batch with records."""
@@ -212,8 +242,15 @@ def run_chaos(spark: SparkSession, plan: ChaosPlan, workdir: Path, bootstrap_ser
     topic = f"chaos-{plan.seed}-{int(time.time())}"
     TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=plan.partitions), local=True)
     conf = workdir / "chaos.toml"
-    conf.write_text(_CONF.format(data=workdir / "data", bootstrap=bootstrap_servers, topic=topic,
-                                 max_offsets=plan.max_offsets_per_trigger, schema=loadgen.ORDERS_SCHEMA))  # fmt: skip
+    conf.write_text(
+        _CONF.format(
+            data=workdir / "data",
+            bootstrap=bootstrap_servers,
+            topic=topic,
+            max_offsets=plan.max_offsets_per_trigger,
+            schema=loadgen.ORDERS_SCHEMA,
+        )
+    )
     report = ChaosReport(keys=plan.keys)
     producer = _Producer(connection, topic, plan)
     producer.start()
@@ -239,8 +276,9 @@ def run_chaos(spark: SparkSession, plan: ChaosPlan, workdir: Path, bootstrap_ser
             time.sleep(rng.uniform(*plan.kill_delay_s))  # a random moment: mid-batch or between batches
             run.kill()
             report.kills += 1
-            logger.info("random kill %d/%d after %.1fs (launch %d)", i + 1, plan.kills,
-                        time.monotonic() - run.started, launches)  # fmt: skip
+            logger.info(
+                "random kill %d/%d after %.1fs (launch %d)", i + 1, plan.kills, time.monotonic() - run.started, launches
+            )
         producer.stop.set()
         producer.join(timeout=120)
         if producer.error is not None:
@@ -289,13 +327,17 @@ def _rows(rows: Sequence[Any]) -> tuple[dict[tuple[Any, ...], dict[str, Any]], i
     return keyed, sum(1 for n in counts.values() if n > 1)
 
 
-def _compare(actual: Mapping[tuple[Any, ...], dict[str, Any]],
-             expected: Mapping[tuple[Any, ...], dict[str, Any]]) -> tuple[int, int, int]:  # fmt: skip
+def _compare(
+    actual: Mapping[tuple[Any, ...], dict[str, Any]], expected: Mapping[tuple[Any, ...], dict[str, Any]]
+) -> tuple[int, int, int]:
     """(lost, extra, stale) of ``actual`` against ``expected``."""
     lost = len(expected.keys() - actual.keys())
     extra = len(actual.keys() - expected.keys())
-    stale = sum(1 for k in expected.keys() & actual.keys()
-                if {c: actual[k][c] for c in _COLUMNS} != {c: expected[k].get(c) for c in _COLUMNS})  # fmt: skip
+    stale = sum(
+        1
+        for k in expected.keys() & actual.keys()
+        if {c: actual[k][c] for c in _COLUMNS} != {c: expected[k].get(c) for c in _COLUMNS}
+    )
     return lost, extra, stale
 
 
@@ -332,8 +374,15 @@ def _oracle(spark: SparkSession, conf: Path, logged: Sequence[LoggedChange], rep
         report.versions_checked += 1
         if lost or extra or stale or duplicated:
             report.versions_wrong += 1
-            logger.error("version %d (offsets %s): lost %d, extra %d, stale %d, duplicated %d", row["version"],
-                         offsets, lost, extra, stale, duplicated)  # fmt: skip
+            logger.error(
+                "version %d (offsets %s): lost %d, extra %d, stale %d, duplicated %d",
+                row["version"],
+                offsets,
+                lost,
+                extra,
+                stale,
+                duplicated,
+            )
     report.batches_committed_twice = sum(n - 1 for n in seen.values() if n > 1)
 
 
@@ -350,8 +399,15 @@ def run_broker_outages(
     topic = f"outage-{plan.seed}-{int(time.time())}"
     TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=plan.partitions), local=True)
     conf = workdir / "chaos.toml"
-    conf.write_text(_CONF.format(data=workdir / "data", bootstrap=broker.bootstrap_servers, topic=topic,
-                                 max_offsets=plan.max_offsets_per_trigger, schema=loadgen.ORDERS_SCHEMA))  # fmt: skip
+    conf.write_text(
+        _CONF.format(
+            data=workdir / "data",
+            bootstrap=broker.bootstrap_servers,
+            topic=topic,
+            max_offsets=plan.max_offsets_per_trigger,
+            schema=loadgen.ORDERS_SCHEMA,
+        )
+    )
     report = ChaosReport(keys=plan.keys)
     producer = _Producer(connection, topic, plan)
     producer.start()
@@ -392,8 +448,9 @@ def run_broker_outages(
         code = down.wait_exit(plan.launch_timeout_s)
         down.kill()
         if code != 2 or "no Kafka broker reachable" not in down.log.read_text(errors="replace"):
-            raise RuntimeError(f"a materializer started without a broker did not fail clearly (exit {code}); "
-                               f"see {down.log}")  # fmt: skip
+            raise RuntimeError(
+                f"a materializer started without a broker did not fail clearly (exit {code}); see {down.log}"
+            )
         broker.start()
         producer.stop.set()
         producer.join(timeout=180)
@@ -425,8 +482,15 @@ def run_second_instance(spark: SparkSession, plan: ChaosPlan, workdir: Path, boo
     topic = f"twice-{plan.seed}-{int(time.time())}"
     TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=plan.partitions), local=True)
     conf = workdir / "chaos.toml"
-    conf.write_text(_CONF.format(data=workdir / "data", bootstrap=bootstrap_servers, topic=topic,
-                                 max_offsets=plan.max_offsets_per_trigger, schema=loadgen.ORDERS_SCHEMA))  # fmt: skip
+    conf.write_text(
+        _CONF.format(
+            data=workdir / "data",
+            bootstrap=bootstrap_servers,
+            topic=topic,
+            max_offsets=plan.max_offsets_per_trigger,
+            schema=loadgen.ORDERS_SCHEMA,
+        )
+    )
     report = ChaosReport(keys=plan.keys)
     producer = _Producer(connection, topic, plan)
     producer.start()
