@@ -233,69 +233,89 @@ class _Launch:
         self.proc.wait(timeout=60)
 
 
+class _Scenario:
+    """One harness run: its topic and replica conf, the primary writing, the materializer launches, the report."""
+
+    def __init__(self, plan: ChaosPlan, workdir: Path, bootstrap_servers: str, prefix: str) -> None:
+        self.plan, self.workdir, self.started = plan, workdir, time.monotonic()
+        workdir.mkdir(parents=True, exist_ok=True)
+        connection = {"bootstrap.servers": bootstrap_servers}
+        topic = f"{prefix}-{plan.seed}-{int(time.time())}"
+        TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=plan.partitions), local=True)
+        self.conf = workdir / "chaos.toml"
+        self.conf.write_text(
+            _CONF.format(
+                data=workdir / "data",
+                bootstrap=bootstrap_servers,
+                topic=topic,
+                max_offsets=plan.max_offsets_per_trigger,
+                schema=loadgen.ORDERS_SCHEMA,
+            )
+        )
+        self.report = ChaosReport(keys=plan.keys)
+        self.producer = _Producer(connection, topic, plan)
+        self.producer.start()
+        self.launches: list[_Launch] = []
+
+    def launch(self, crash_at: str | None = None) -> _Launch:
+        self.launches.append(_Launch(self.conf, self.workdir / f"launch-{len(self.launches) + 1:03d}.log", crash_at))
+        return self.launches[-1]
+
+    def stop_primary(self) -> None:
+        self.producer.stop.set()
+        self.producer.join(timeout=180)
+        if self.producer.error is not None:
+            raise RuntimeError(f"the producer failed: {self.producer.error}") from self.producer.error
+
+    def drain_and_stop(self, spark: SparkSession, run: _Launch) -> None:
+        """Let ``run`` apply the whole log, then stop it with SIGTERM, which must end it cleanly."""
+        _wait_caught_up(spark, self.conf, self.producer.logged, 3 * self.plan.launch_timeout_s)
+        run.proc.send_signal(signal.SIGTERM)
+        if run.wait_exit(120) != 0:
+            raise RuntimeError(f"the last run did not stop cleanly on SIGTERM; see {run.log}")
+
+    def judge(self, spark: SparkSession) -> ChaosReport:
+        self.report.restarts = len(self.launches) - 1
+        self.report.events = len(self.producer.logged)
+        _oracle(spark, self.conf, self.producer.logged, self.report)
+        self.report.seconds = time.monotonic() - self.started
+        return self.report
+
+
 def run_chaos(spark: SparkSession, plan: ChaosPlan, workdir: Path, bootstrap_servers: str) -> ChaosReport:
     """Run the plan against the cluster at ``bootstrap_servers``; returns the report (check ``report.ok``)."""
     rng = random.Random(plan.seed)
-    started = time.monotonic()
-    workdir.mkdir(parents=True, exist_ok=True)
-    connection = {"bootstrap.servers": bootstrap_servers}
-    topic = f"chaos-{plan.seed}-{int(time.time())}"
-    TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=plan.partitions), local=True)
-    conf = workdir / "chaos.toml"
-    conf.write_text(
-        _CONF.format(
-            data=workdir / "data",
-            bootstrap=bootstrap_servers,
-            topic=topic,
-            max_offsets=plan.max_offsets_per_trigger,
-            schema=loadgen.ORDERS_SCHEMA,
-        )
-    )
-    report = ChaosReport(keys=plan.keys)
-    producer = _Producer(connection, topic, plan)
-    producer.start()
-    launches = 0
-
-    def launch(crash_at: str | None = None) -> _Launch:
-        nonlocal launches
-        launches += 1
-        return _Launch(conf, workdir / f"launch-{launches:03d}.log", crash_at)
-
+    run = _Scenario(plan, workdir, bootstrap_servers, "chaos")
+    report = run.report
     try:
         for window in plan.crash_windows:
-            run = launch(crash_at=window)
-            code = run.wait_exit(plan.launch_timeout_s)
+            crashing = run.launch(crash_at=window)
+            code = crashing.wait_exit(plan.launch_timeout_s)
             if code != -signal.SIGKILL:
                 raise RuntimeError(f"crash window {window}: expected the job to kill itself, exit code {code}")
-            run.kill()  # its JVM too
+            crashing.kill()  # its JVM too
             report.crashes[window] = report.crashes.get(window, 0) + 1
-            logger.info("crash window %s hit (launch %d)", window, launches)
+            logger.info("crash window %s hit (launch %d)", window, len(run.launches))
         for i in range(plan.kills):
-            run = launch()
-            report.recovery_s.append(run.wait_for_batch(plan.launch_timeout_s))
+            victim = run.launch()
+            report.recovery_s.append(victim.wait_for_batch(plan.launch_timeout_s))
             time.sleep(rng.uniform(*plan.kill_delay_s))  # a random moment: mid-batch or between batches
-            run.kill()
+            victim.kill()
             report.kills += 1
             logger.info(
-                "random kill %d/%d after %.1fs (launch %d)", i + 1, plan.kills, time.monotonic() - run.started, launches
+                "random kill %d/%d after %.1fs (launch %d)",
+                i + 1,
+                plan.kills,
+                time.monotonic() - victim.started,
+                len(run.launches),
             )
-        producer.stop.set()
-        producer.join(timeout=120)
-        if producer.error is not None:
-            raise RuntimeError(f"the producer failed: {producer.error}") from producer.error
-        final = launch()
+        run.stop_primary()
+        final = run.launch()
         report.recovery_s.append(final.wait_for_batch(plan.launch_timeout_s))
-        _wait_caught_up(spark, conf, producer.logged, 3 * plan.launch_timeout_s)
-        final.proc.send_signal(signal.SIGTERM)
-        if final.wait_exit(120) != 0:
-            raise RuntimeError(f"the last run did not stop cleanly on SIGTERM; see {final.log}")
+        run.drain_and_stop(spark, final)
     finally:
-        producer.stop.set()
-    report.restarts = launches - 1
-    report.events = len(producer.logged)
-    _oracle(spark, conf, producer.logged, report)
-    report.seconds = time.monotonic() - started
-    return report
+        run.producer.stop.set()
+    return run.judge(spark)
 
 
 def _end_offsets(logged: Sequence[LoggedChange]) -> dict[str, dict[int, int]]:
@@ -393,58 +413,32 @@ def run_broker_outages(
     the broker is down; the oracle must hold. A materializer that dies with the broker is restarted, as a
     supervisor would. ``report.kills`` counts broker kills; ``report.restarts`` materializer restarts."""
     rng = random.Random(plan.seed)
-    started = time.monotonic()
-    workdir.mkdir(parents=True, exist_ok=True)
-    connection = {"bootstrap.servers": broker.bootstrap_servers}
-    topic = f"outage-{plan.seed}-{int(time.time())}"
-    TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=plan.partitions), local=True)
-    conf = workdir / "chaos.toml"
-    conf.write_text(
-        _CONF.format(
-            data=workdir / "data",
-            bootstrap=broker.bootstrap_servers,
-            topic=topic,
-            max_offsets=plan.max_offsets_per_trigger,
-            schema=loadgen.ORDERS_SCHEMA,
-        )
-    )
-    report = ChaosReport(keys=plan.keys)
-    producer = _Producer(connection, topic, plan)
-    producer.start()
-    runs: list[_Launch] = []
-
-    def launch() -> _Launch:
-        runs.append(_Launch(conf, workdir / f"launch-{len(runs) + 1:03d}.log", None))
-        return runs[-1]
-
+    run = _Scenario(plan, workdir, broker.bootstrap_servers, "outage")
+    report = run.report
     try:
-        run = launch()
-        report.recovery_s.append(run.wait_for_batch(plan.launch_timeout_s))
+        current = run.launch()
+        report.recovery_s.append(current.wait_for_batch(plan.launch_timeout_s))
         for _ in range(outages):
             time.sleep(rng.uniform(*plan.kill_delay_s))
             broker.kill()
             report.kills += 1
             time.sleep(rng.uniform(1.0, 5.0))  # the outage
             broker.start()
-            if run.proc.poll() is not None:  # the job gave up during the outage: its supervisor restarts it
-                run.kill()
-                run = launch()
-            done = run.applied_batches()
+            done = current.applied_batches()
             deadline = time.monotonic() + plan.launch_timeout_s
-            while run.applied_batches() <= done and time.monotonic() < deadline:
-                if run.proc.poll() is not None:
-                    run.kill()
-                    run = launch()
-                    done = 0
+            while current.applied_batches() <= done and time.monotonic() < deadline:
+                if current.proc.poll() is not None:  # it gave up during the outage: its supervisor restarts it
+                    current.kill()
+                    current, done = run.launch(), 0
                 time.sleep(0.5)
-            if run.applied_batches() <= done:
+            if current.applied_batches() <= done:
                 raise RuntimeError(f"no batch applied within {plan.launch_timeout_s:.0f}s after the broker came back")
         # A materializer started while the broker is down must fail clearly (or wait), then work once it is back.
-        run.proc.send_signal(signal.SIGTERM)
-        run.wait_exit(120)
+        current.proc.send_signal(signal.SIGTERM)
+        current.wait_exit(120)
         broker.kill()
         report.kills += 1
-        down = launch()
+        down = run.launch()
         code = down.wait_exit(plan.launch_timeout_s)
         down.kill()
         if code != 2 or "no Kafka broker reachable" not in down.log.read_text(errors="replace"):
@@ -452,72 +446,33 @@ def run_broker_outages(
                 f"a materializer started without a broker did not fail clearly (exit {code}); see {down.log}"
             )
         broker.start()
-        producer.stop.set()
-        producer.join(timeout=180)
-        if producer.error is not None:
-            raise RuntimeError(f"the producer failed: {producer.error}") from producer.error
-        final = launch()
+        run.stop_primary()
+        final = run.launch()
         report.recovery_s.append(final.wait_for_batch(plan.launch_timeout_s))
-        _wait_caught_up(spark, conf, producer.logged, 3 * plan.launch_timeout_s)
-        final.proc.send_signal(signal.SIGTERM)
-        if final.wait_exit(120) != 0:
-            raise RuntimeError(f"the last run did not stop cleanly on SIGTERM; see {final.log}")
+        run.drain_and_stop(spark, final)
     finally:
-        producer.stop.set()
+        run.producer.stop.set()
         if broker.pid is None:
             broker.start()
-    report.restarts = len(runs) - 1
-    report.events = len(producer.logged)
-    _oracle(spark, conf, producer.logged, report)
-    report.seconds = time.monotonic() - started
-    return report
+    return run.judge(spark)
 
 
 def run_second_instance(spark: SparkSession, plan: ChaosPlan, workdir: Path, bootstrap_servers: str) -> ChaosReport:
     """Start a second instance of a running replica by mistake: it must fail at once and clearly, and the first
     must go on undisturbed; the oracle must hold. ``report.restarts`` counts the refused instance."""
-    started = time.monotonic()
-    workdir.mkdir(parents=True, exist_ok=True)
-    connection = {"bootstrap.servers": bootstrap_servers}
-    topic = f"twice-{plan.seed}-{int(time.time())}"
-    TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=plan.partitions), local=True)
-    conf = workdir / "chaos.toml"
-    conf.write_text(
-        _CONF.format(
-            data=workdir / "data",
-            bootstrap=bootstrap_servers,
-            topic=topic,
-            max_offsets=plan.max_offsets_per_trigger,
-            schema=loadgen.ORDERS_SCHEMA,
-        )
-    )
-    report = ChaosReport(keys=plan.keys)
-    producer = _Producer(connection, topic, plan)
-    producer.start()
+    run = _Scenario(plan, workdir, bootstrap_servers, "twice")
     try:
-        first = _Launch(conf, workdir / "first.log", None)
-        report.recovery_s.append(first.wait_for_batch(plan.launch_timeout_s))
-        second = _Launch(conf, workdir / "second.log", None)
+        first = run.launch()
+        run.report.recovery_s.append(first.wait_for_batch(plan.launch_timeout_s))
+        second = run.launch()
         code = second.wait_exit(plan.launch_timeout_s)
         second.kill()
-        report.restarts = 1
         if code != 2 or "is already running on checkpoint" not in second.log.read_text(errors="replace"):
             raise RuntimeError(f"the second instance did not fail clearly (exit {code}); see {second.log}")
-        done = first.applied_batches()
-        first.wait_for_batch(plan.launch_timeout_s)
-        producer.stop.set()
-        producer.join(timeout=120)
-        if producer.error is not None:
-            raise RuntimeError(f"the producer failed: {producer.error}") from producer.error
+        run.stop_primary()
         if first.proc.poll() is not None:
-            raise RuntimeError(f"the first instance stopped (exit {first.proc.returncode}) after {done} batches")
-        _wait_caught_up(spark, conf, producer.logged, 3 * plan.launch_timeout_s)
-        first.proc.send_signal(signal.SIGTERM)
-        if first.wait_exit(120) != 0:
-            raise RuntimeError(f"the first instance did not stop cleanly on SIGTERM; see {first.log}")
+            raise RuntimeError(f"the first instance stopped (exit {first.proc.returncode}); see {first.log}")
+        run.drain_and_stop(spark, first)
     finally:
-        producer.stop.set()
-    report.events = len(producer.logged)
-    _oracle(spark, conf, producer.logged, report)
-    report.seconds = time.monotonic() - started
-    return report
+        run.producer.stop.set()
+    return run.judge(spark)
