@@ -8,14 +8,15 @@ what the first run decided.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from replica_lib import decode
@@ -47,6 +48,7 @@ class BatchStats:
     quarantined: int = 0
     seconds: float = 0.0
     offsets: dict[str, dict[int, int]] = field(default_factory=dict)
+    stages: dict[str, float] = field(default_factory=dict)  # seconds per stage of the batch, in order
 
     def line(self, replica: str) -> str:
         ends = " ".join(
@@ -55,7 +57,8 @@ class BatchStats:
         return (
             f"replica {replica} batch {self.batch_id}: {self.records} records in, {self.duplicates} duplicates "
             f"dropped, {self.upserts} upserts, {self.deletes} deletes, {self.quarantined} quarantined, "
-            f"{self.seconds:.2f}s, offsets {ends or '-'}"
+            f"{self.seconds:.2f}s ({', '.join(f'{k} {v:.2f}s' for k, v in self.stages.items()) or '-'}), "
+            f"offsets {ends or '-'}"
         )
 
 
@@ -119,38 +122,47 @@ def make_batch_handler(
         }
 
         crash("before_batch", batch_id)
+        stage = _Stages(spark, stats, f"replica {cfg.name} batch {batch_id}")
         raw_df = batch_df.persist()
         try:
-            stats.records = raw_df.count()
+            with stage("read"):
+                stats.records = raw_df.count()
             if stats.records == 0:
                 stats.seconds = time.monotonic() - started
                 logger.info(stats.line(cfg.name))
                 return
             # Each stage is checkpointed locally: it truncates the plan, so later stages (and Delta's MERGE,
             # which plans its source several times) do not re-analyse the decoding expressions.
-            env_df = decode.envelopes(dedup(raw_df), cfg, schemas).localCheckpoint()
-            stats.duplicates = stats.records - env_df.count()
-            changes = {t.name: decode.table_changes(env_df, schemas[t.name]).localCheckpoint() for t in cfg.tables}
-            rejected = [env_df.where(F.col("_error").isNotNull() & F.col("_table").isNull())]
-            rejected += [decode.rejected(changes_df) for changes_df in changes.values()]
-            quarantine_df = quarantine_rows(_union(rejected), cfg.name, batch_id).localCheckpoint()
-            stats.quarantined = quarantine_df.count()
-            if stats.quarantined:
-                quarantine_app = app_id(cfg.name, "_quarantine", generation)
-                append_quarantine(cfg.quarantine, quarantine_df, Commit(quarantine_app, batch_id, metadata))
+            with stage("decode"):
+                env_df = decode.envelopes(dedup(raw_df), cfg, schemas).localCheckpoint()
+                stats.duplicates = stats.records - env_df.count()
+                changes = {
+                    t.name: decode.table_changes(env_df, schemas[t.name]).localCheckpoint() for t in cfg.tables
+                }
+            with stage("quarantine"):
+                rejected = [env_df.where(F.col("_error").isNotNull() & F.col("_table").isNull())]
+                rejected += [decode.rejected(changes_df) for changes_df in changes.values()]
+                quarantine_df = quarantine_rows(_union(rejected), cfg.name, batch_id).localCheckpoint()
+                stats.quarantined = quarantine_df.count()
+                if stats.quarantined:
+                    quarantine_app = app_id(cfg.name, "_quarantine", generation)
+                    append_quarantine(cfg.quarantine, quarantine_df, Commit(quarantine_app, batch_id, metadata))
             crash("after_quarantine", batch_id)
             for table in cfg.tables:
                 schema, table_app = schemas[table.name], app_id(cfg.name, table.name, generation)
-                winners_df = _winners(spark, decode.valid(changes[table.name]), schema, table_app, batch_id)
-                counts: dict[str, int] = {
-                    row["_op"]: row["count"] for row in winners_df.groupBy("_op").count().collect()
-                }
+                with stage(f"{table.name}: order"):
+                    winners_df = _winners(spark, decode.valid(changes[table.name]), schema, table_app, batch_id)
+                    counts: dict[str, int] = {
+                        row["_op"]: row["count"] for row in winners_df.groupBy("_op").count().collect()
+                    }
                 stats.upserts += counts.get("upsert", 0)
                 stats.deletes += counts.get("delete", 0)
                 tombstone_commit = Commit(f"{table_app}:tombstones", batch_id, metadata)
-                merge_tombstones(spark, tombstone_target(table), winners_df, schema, tombstone_commit)
+                with stage(f"{table.name}: tombstones"):
+                    merge_tombstones(spark, tombstone_target(table), winners_df, schema, tombstone_commit)
                 crash("after_tombstones", batch_id)
-                merge_rows(spark, table.target, winners_df, schema, Commit(table_app, batch_id, metadata))
+                with stage(f"{table.name}: merge"):
+                    merge_rows(spark, table.target, winners_df, schema, Commit(table_app, batch_id, metadata))
             crash("after_commit", batch_id)
         finally:
             raw_df.unpersist()
@@ -160,6 +172,23 @@ def make_batch_handler(
             on_batch(stats)
 
     return handle
+
+
+class _Stages:
+    """Times the stages of a batch into ``stats.stages`` and names their Spark jobs (Spark UI, event logs)."""
+
+    def __init__(self, spark: SparkSession, stats: BatchStats, label: str) -> None:
+        self.spark, self.stats, self.label = spark, stats, label
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        self.spark.sparkContext.setJobDescription(f"{self.label}: {name}")
+        try:
+            yield
+        finally:
+            self.spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
+            self.stats.stages[name] = self.stats.stages.get(name, 0.0) + time.monotonic() - started
 
 
 def _union(frames: list[DataFrame]) -> DataFrame:

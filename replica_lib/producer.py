@@ -272,6 +272,12 @@ class ChangeProducer:
     # ------------------------------------------------------------------ writes
     def send(self, topic: str, change: Change, headers: Mapping[str, bytes] | None = None) -> Delivery:
         """Queue one change; returns a :class:`Delivery`. Blocks briefly if the local queue is full."""
+        return self.send_raw(topic, encode_key(change.key), encode_value(change), headers)
+
+    def send_raw(
+        self, topic: str, key: bytes, value: bytes | None, headers: Mapping[str, bytes] | None = None
+    ) -> Delivery:
+        """Queue one record already encoded (another format than the contract's JSON, e.g. for the benchmark)."""
         from confluent_kafka import KafkaException
 
         if self._fatal:
@@ -289,7 +295,6 @@ class ChangeProducer:
             else:
                 delivery._complete(Position(msg.topic(), msg.partition(), msg.offset()), None)
 
-        key, value = encode_key(change.key), encode_value(change)
         while True:
             try:
                 self._producer.produce(

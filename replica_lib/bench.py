@@ -1,0 +1,662 @@
+"""The benchmark: the materializer side by side with the ceiling, the naive pattern and a peer, in one run.
+
+Every contender reads the same seeded records from the same broker in the same SparkSession, one after the
+other, each with its own checkpoint and table, so the figures are comparable as ratios:
+
+- **ceiling**: Spark's kafka source appending the records to a Delta table (no decoding, no MERGE);
+- **naive**: ``foreachBatch`` + one plain Delta MERGE per batch after a per-key dedup (Delta's documented
+  upsert pattern: no version gating, no tombstones, no pruning);
+- **peer**: kafka2delta (PyPI), when it can run here (see :mod:`replica_lib.bench_peer`);
+- **ours**: the materializer (:func:`replica_lib.stream.start_replica`), and its rebuild path (the whole log
+  in one batch into empty tables).
+
+Measured: events/s to catch up a full backlog, p50/p99 batch time, p50/p99 freshness (produce -> committed)
+at a fixed produce rate into a pre-filled table, and batch time as the table grows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import shutil
+import string
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.streaming.query import StreamingQuery
+
+from replica_lib.config import KafkaConfig, ReplicaConfig, SourceConfig, TableConfig, Target, TriggerConfig
+from replica_lib.errors import ConfigError
+from replica_lib.merge import merge_naive
+from replica_lib.producer import Change, ChangeProducer, ProducerSettings, encode_key, encode_value
+from replica_lib.stream import start_replica
+from replica_lib.target import ensure_replica_tables
+from replica_lib.topics import TopicAdmin, TopicSpec
+
+logger = logging.getLogger(__name__)
+
+BENCH_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, updated_ms BIGINT, note STRING"
+DATA_COLUMNS = ("order_id", "customer", "amount", "status", "updated_ms", "note")
+CONTENDERS = ("ceiling", "naive", "peer", "ours")
+_STATUSES = ("new", "paid", "packed", "shipped", "delivered")
+_CUSTOMERS = ("ada", "grace", "edsger", "barbara", "donald", "leslie", "margaret", "ken")
+
+
+# ---------------------------------------------------------------------------------------------- the plan
+@dataclass(frozen=True)
+class BenchPlan:
+    """What to run. Catch-up: ``events`` changes over ``keys`` keys, read ``batch_size`` records per batch."""
+
+    keys: int = 100_000
+    events: int = 200_000
+    delete_share: float = 0.05
+    value_bytes: int = 100
+    batch_size: int = 20_000
+    partitions: int = 4
+    seed: int = 11
+    contenders: tuple[str, ...] = CONTENDERS
+    fresh_rate: int = 1_000
+    fresh_seconds: int = 30
+    fresh_rows: int = 1_000_000
+    growth_rows: tuple[int, ...] = (100_000, 1_000_000, 10_000_000)
+    growth_batch_size: int = 1_000
+    growth_batches: int = 6
+    warmup_events: int = 2_000
+
+    def __post_init__(self) -> None:
+        def fail(name: str, problem: str, fix: str) -> None:
+            raise ConfigError("bench arguments", name, problem, fix)
+
+        for name in ("keys", "events", "batch_size", "partitions", "growth_batch_size", "growth_batches"):
+            if getattr(self, name) < 1:
+                fail(f"--{name.replace('_', '-')}", f"must be at least 1, got {getattr(self, name)}", "pass 1 or more")
+        for name in ("fresh_rate", "fresh_seconds", "fresh_rows", "warmup_events", "value_bytes"):
+            if getattr(self, name) < 0:
+                fail(f"--{name.replace('_', '-')}", "must not be negative", "pass 0 to skip that part")
+        if not 0 <= self.delete_share < 1:
+            fail("--delete-share", f"{self.delete_share} is not in [0, 1)", "e.g. --delete-share 0.05")
+        unknown = [c for c in self.contenders if c not in CONTENDERS]
+        if unknown or not self.contenders:
+            fail("--contenders", f"unknown {unknown}" if unknown else "none given", f"use {','.join(CONTENDERS)}")
+        if any(rows < 1 for rows in self.growth_rows):
+            fail("--growth-rows", "table sizes must be positive", "e.g. --growth-rows 100000,1000000")
+
+
+# ---------------------------------------------------------------------------------------------- workload
+@dataclass(frozen=True)
+class Event:
+    """One change of the benchmark workload, in a form every contender's encoder takes."""
+
+    key: int
+    op: str  # "upsert" or "delete"
+    seq: int
+    ts_ms: int
+    row: dict[str, Any] | None
+
+
+def workload(keys: int, events: int, delete_share: float, value_bytes: int, seed: int) -> list[Event]:
+    """Seeded changes over keys ``0..keys-1`` chosen uniformly; each key's seq counts its changes from 1.
+
+    A key's first change is an insert, later ones updates, ``delete_share`` of the changes of live keys deletes.
+    """
+    rng = random.Random(seed)
+    pool = ["".join(rng.choices(string.ascii_letters, k=value_bytes)) for _ in range(64)]
+    seqs: dict[int, int] = {}
+    live: set[int] = set()
+    now_ms = 1_700_000_000_000
+    out = []
+    for _ in range(events):
+        now_ms += 1
+        key = rng.randrange(keys)
+        seq = seqs.get(key, 0) + 1
+        seqs[key] = seq
+        if key in live and rng.random() < delete_share:
+            live.discard(key)
+            out.append(Event(key, "delete", seq, now_ms, None))
+            continue
+        live.add(key)
+        row = {
+            "order_id": key,
+            "customer": _CUSTOMERS[key % len(_CUSTOMERS)],
+            "amount": round(rng.uniform(5, 500), 2),
+            "status": _STATUSES[min(seq - 1, len(_STATUSES) - 1)],
+            "updated_ms": now_ms,
+            "note": pool[rng.randrange(len(pool))],
+        }
+        out.append(Event(key, "upsert", seq, now_ms, row))
+    return out
+
+
+Encoder = Callable[[Event], tuple[bytes, bytes | None]]
+
+
+def native_record(event: Event) -> tuple[bytes, bytes | None]:
+    """The event as a Kafka record of the project's change-event contract (DESIGN.md §3): key and value bytes."""
+    change = Change(key={"order_id": event.key}, op=event.op, data=event.row, seq=event.seq, ts_ms=event.ts_ms)  # type: ignore[arg-type]
+    return encode_key(change.key), encode_value(change)
+
+
+# ---------------------------------------------------------------------------------------------- results
+@dataclass
+class Run:
+    """One streaming run of one contender: its batches (from Spark's progress reports) and wall time."""
+
+    contender: str
+    records: int = 0
+    seconds: float = 0.0
+    batches: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def events_per_s(self) -> float:
+        return self.records / self.seconds if self.seconds else 0.0
+
+    def batch_seconds(self) -> list[float]:
+        return [b["seconds"] for b in self.batches if b["rows"] > 0]
+
+    def summary(self) -> dict[str, Any]:
+        times = self.batch_seconds()
+        return {
+            "records": self.records,
+            "seconds": round(self.seconds, 2),
+            "events_per_s": round(self.events_per_s, 1),
+            "batches": len(times),
+            "batch_p50_s": _round(percentile(times, 50)),
+            "batch_p99_s": _round(percentile(times, 99)),
+        }
+
+
+def percentile(values: Sequence[float], pct: float) -> float | None:
+    """Nearest-rank percentile; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(pct / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def progress_batches(query: StreamingQuery) -> list[dict[str, Any]]:
+    """Each batch of a (stopped) query: id, input rows, start/end wall time, seconds, end offsets per partition."""
+    batches = []
+    for progress in query.recentProgress:
+        p = progress if isinstance(progress, dict) else json.loads(progress.json)
+        if p.get("numInputRows", 0) == 0 and "addBatch" not in p.get("durationMs", {}):
+            continue
+        start = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
+        seconds = p["durationMs"].get("triggerExecution", 0) / 1000
+        ends: dict[tuple[str, int], int] = {}
+        for source in p["sources"]:
+            end = source.get("endOffset")
+            end = json.loads(end) if isinstance(end, str) else end
+            for topic, parts in (end or {}).items():
+                for part, offset in parts.items():
+                    ends[(topic, int(part))] = int(offset)
+        batches.append(
+            {
+                "batch_id": p["batchId"],
+                "rows": p["numInputRows"],
+                "start": start,
+                "end": start + seconds,
+                "seconds": seconds,
+                "ends": ends,
+            }
+        )
+    return batches
+
+
+# ---------------------------------------------------------------------------------------------- the bench
+class Bench:
+    """Runs a :class:`BenchPlan` against one broker and one SparkSession, under ``workdir``."""
+
+    def __init__(self, spark: SparkSession, plan: BenchPlan, workdir: Path, bootstrap_servers: str) -> None:
+        self.spark = spark
+        self.plan = plan
+        self.workdir = workdir
+        self.bootstrap = bootstrap_servers
+        self.admin = TopicAdmin({"bootstrap.servers": bootstrap_servers})
+        self.peer: Any = None
+        if "peer" in plan.contenders:
+            from replica_lib.bench_peer import Peer
+
+            self.peer = Peer.load()
+
+    # ------------------------------------------------------------------ producing
+    def topic(self, name: str) -> str:
+        self.admin.ensure(TopicSpec.local(name, partitions=self.plan.partitions), local=True)
+        return name
+
+    def produce(self, topic: str, events: Sequence[Event], encode: Encoder) -> None:
+        settings = ProducerSettings(linger_ms=20, batch_size=1024 * 1024)
+        started = last = time.monotonic()
+        with ChangeProducer({"bootstrap.servers": self.bootstrap}, settings) as producer:
+            for i, event in enumerate(events, start=1):
+                producer.send_raw(topic, *encode(event))
+                if time.monotonic() - last >= 10:
+                    last = time.monotonic()
+                    logger.info("  produced %d/%d to %s", i, len(events), topic)
+            producer.flush()
+        elapsed = time.monotonic() - started
+        logger.info("  produced %d records to %s in %.1fs", len(events), topic, elapsed)
+
+    def produce_paced(self, topic: str, events: Sequence[Event], encode: Encoder) -> list[Any]:
+        """Write ``events`` at ``fresh_rate`` per second; returns (send wall time, delivery) per event."""
+        sent = []
+        settings = ProducerSettings(linger_ms=0)
+        with ChangeProducer({"bootstrap.servers": self.bootstrap}, settings) as producer:
+            started = time.monotonic()
+            for i, event in enumerate(events, start=1):
+                sent.append((time.time(), producer.send_raw(topic, *encode(event))))
+                ahead = started + i / self.plan.fresh_rate - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)  # pacing the producer to the fixed rate, not synchronisation
+            producer.flush()
+        return sent
+
+    # ------------------------------------------------------------------ contenders
+    def start(
+        self, contender: str, topic: str, name: str, batch_size: int | None, once: bool, prefill: int = 0
+    ) -> StreamingQuery:
+        """Start ``contender`` on ``topic`` with a new checkpoint and table under ``workdir/name``."""
+        base = self.workdir / name
+        shutil.rmtree(base, ignore_errors=True)
+        if contender == "ours":
+            cfg = self.replica_config(name, topic, batch_size, once)
+            ensure_replica_tables(self.spark, cfg)
+            if prefill:
+                self.prefill(contender, str(base / "table"), prefill, topic)
+            return start_replica(self.spark, cfg, available_now=once)
+        if contender == "peer":
+            return self.peer.start(self.spark, self, topic, base, batch_size, once, prefill)
+        reader = self.spark.readStream.format("kafka").options(**self.source_options(topic, batch_size))
+        raw_df = reader.load()
+        if contender == "ceiling":
+            writer = raw_df.writeStream.format("delta").outputMode("append").option("path", str(base / "table"))
+        else:
+            if prefill:
+                self.prefill(contender, str(base / "table"), prefill, topic)
+            else:
+                self.spark.createDataFrame([], naive_schema()).write.format("delta").save(str(base / "table"))
+            writer = raw_df.writeStream.foreachBatch(naive_handler(str(base / "table")))
+        writer = writer.queryName(name).option("checkpointLocation", str(base / "checkpoint"))
+        writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime="0 seconds")
+        return writer.start()
+
+    def source_options(self, topic: str, batch_size: int | None) -> dict[str, str]:
+        options = {
+            "kafka.bootstrap.servers": self.bootstrap,
+            "subscribe": topic,
+            "startingOffsets": "earliest",
+            "kafka.isolation.level": "read_committed",
+        }
+        if batch_size:
+            options["maxOffsetsPerTrigger"] = str(batch_size)
+        return options
+
+    def replica_config(self, name: str, topic: str, batch_size: int | None, once: bool) -> ReplicaConfig:
+        base = self.workdir / name
+        table = TableConfig(
+            name="orders",
+            topic=topic,
+            keys=("order_id",),
+            schema=BENCH_SCHEMA,
+            target=Target(path=str(base / "table")),
+            sequence_by="seq",
+        )
+        return ReplicaConfig(
+            name=name,
+            source_file="bench",
+            kafka=KafkaConfig(self.bootstrap),
+            checkpoint=str(base / "checkpoint"),
+            quarantine=Target(path=str(base / "quarantine")),
+            tables=(table,),
+            source=SourceConfig(max_offsets_per_trigger=batch_size),
+            trigger=TriggerConfig(available_now=once, interval="0 seconds"),
+        )
+
+    def prefill(self, contender: str, path: str, rows: int, topic: str) -> None:
+        """Append ``rows`` live keys ``0..rows-1`` (seq 0) to the contender's table, in files of ~1M keys."""
+        started = time.monotonic()
+        files = max(1, rows // 1_000_000)
+        df = prefill_rows(self.spark, rows, self.plan.value_bytes, files)
+        if contender == "ours":
+            df = df.select(
+                *DATA_COLUMNS,
+                F.lit(topic).alias("_src_topic"),
+                F.lit(0).alias("_src_partition"),
+                F.lit(-1).cast("long").alias("_src_offset"),
+                F.lit(0).cast("long").alias("_src_seq"),
+                F.timestamp_millis(F.col("updated_ms")).alias("_src_event_ts"),
+            )
+        elif contender == "peer":
+            df = self.peer.prefill_frame(df)
+        else:
+            df = df.select(*DATA_COLUMNS, F.lit(0).cast("long").alias("seq"))
+        df.write.format("delta").mode("append").save(path)
+        logger.info("  prefilled %s with %d rows in %.1fs", path, rows, time.monotonic() - started)
+
+    def run_once(self, contender: str, topic: str, name: str, batch_size: int | None, prefill: int = 0) -> Run:
+        """Catch up on everything in ``topic`` (available-now); wall time from start to the last commit."""
+        started = time.monotonic()
+        query = self.start(contender, topic, name, batch_size, once=True, prefill=prefill)
+        if prefill:
+            started = time.monotonic()  # the prefill is not part of the run
+        query.awaitTermination()
+        run = Run(contender, seconds=time.monotonic() - started, batches=progress_batches(query))
+        run.records = sum(b["rows"] for b in run.batches)
+        logger.info(
+            "  %s: %d records in %.1fs (%.0f events/s), %d batches",
+            name,
+            run.records,
+            run.seconds,
+            run.events_per_s,
+            len(run.batches),
+        )
+        return run
+
+    # ------------------------------------------------------------------ phases
+    def encoder(self, contender: str) -> Encoder:
+        return self.peer.record if contender == "peer" else native_record
+
+    def catch_up(self, report: dict[str, Any]) -> None:
+        plan = self.plan
+        events = workload(plan.keys, plan.events, plan.delete_share, plan.value_bytes, plan.seed)
+        report["workload"]["ops"] = {
+            "upserts": sum(e.op == "upsert" for e in events),
+            "deletes": sum(e.op == "delete" for e in events),
+            "distinct_keys": len({e.key for e in events}),
+        }
+        formats = {"native": native_record} | ({"peer": self.peer.record} if self.peer else {})
+        topics = {}
+        for fmt, encode in formats.items():
+            topics[fmt] = self.topic(f"bench-{fmt}")
+            self.produce(topics[fmt], events, encode)
+        if plan.warmup_events:
+            logger.info("warm-up: every contender on %d events (not measured)", plan.warmup_events)
+            warm = workload(plan.keys, plan.warmup_events, plan.delete_share, plan.value_bytes, plan.seed + 1)
+            warm_topics: dict[str, str] = {}
+            for contender in plan.contenders:
+                fmt = "peer" if contender == "peer" else "native"
+                if fmt not in warm_topics:
+                    warm_topics[fmt] = self.topic(f"warmup-{fmt}")
+                    self.produce(warm_topics[fmt], warm, formats[fmt])
+                self.run_once(contender, warm_topics[fmt], f"warmup-{contender}", plan.batch_size)
+        logger.info("catch-up: %d events, %d per batch", plan.events, plan.batch_size)
+        results = {}
+        for contender in plan.contenders:
+            topic = topics["peer" if contender == "peer" else "native"]
+            results[contender] = self.run_once(contender, topic, f"catchup-{contender}", plan.batch_size).summary()
+        if "ours" in plan.contenders:
+            logger.info("rebuild: the whole log in one batch, ceiling and ours")
+            results["ceiling_bulk"] = self.run_once("ceiling", topics["native"], "rebuild-ceiling", None).summary()
+            results["rebuild"] = self.run_once("ours", topics["native"], "rebuild-ours", None).summary()
+        report["catch_up"] = results
+
+    def freshness(self, report: dict[str, Any]) -> None:
+        plan = self.plan
+        count = plan.fresh_rate * plan.fresh_seconds
+        events = workload(max(plan.fresh_rows, 1), count, plan.delete_share, plan.value_bytes, plan.seed + 2)
+        events = [Event(e.key, e.op, e.seq + 1, e.ts_ms, e.row) for e in events]  # newer than the prefill
+        results = {}
+        for contender in plan.contenders:
+            name = f"fresh-{contender}"
+            topic = self.topic(f"fresh-{contender}")
+            logger.info(
+                "freshness: %s at %d events/s for %ds into %d rows", contender, plan.fresh_rate, plan.fresh_seconds,
+                plan.fresh_rows if contender != "ceiling" else 0,
+            )
+            query = self.start(contender, topic, name, None, once=False, prefill=plan.fresh_rows)
+            sent = self.produce_paced(topic, events, self.encoder(contender))
+            positions = [(at, d.result()) for at, d in sent]
+            last = {}
+            for _, pos in positions:
+                last[(pos.topic, pos.partition)] = max(last.get((pos.topic, pos.partition), -1), pos.offset)
+            wait_until_read(query, last, deadline_s=600)
+            query.stop()
+            batches = progress_batches(query)
+            lags = freshness_lags(positions, batches)
+            times = [b["seconds"] for b in batches if b["rows"] > 0]
+            results[contender] = {
+                "events": len(positions),
+                "fresh_p50_s": _round(percentile(lags, 50)),
+                "fresh_p99_s": _round(percentile(lags, 99)),
+                "fresh_max_s": _round(max(lags) if lags else None),
+                "batches": len(times),
+                "batch_p50_s": _round(percentile(times, 50)),
+                "batch_p99_s": _round(percentile(times, 99)),
+            }
+            logger.info("  %s: %s", contender, results[contender])
+            shutil.rmtree(self.workdir / name, ignore_errors=True)
+        report["freshness"] = results
+
+    def growth(self, report: dict[str, Any]) -> None:
+        plan = self.plan
+        results = {}
+        for rows in plan.growth_rows:
+            count = plan.growth_batch_size * plan.growth_batches
+            events = workload(rows, count, plan.delete_share, plan.value_bytes, plan.seed + 3)
+            events = [Event(e.key, e.op, e.seq + 1, e.ts_ms, e.row) for e in events]
+            topic = self.topic(f"growth-{rows}")
+            self.produce(topic, events, native_record)
+            logger.info("growth: ours, %d rows, %d batches of %d", rows, plan.growth_batches, plan.growth_batch_size)
+            run = self.run_once("ours", topic, f"growth-{rows}", plan.growth_batch_size, prefill=rows)
+            times = run.batch_seconds()
+            steady = times[1:] if len(times) > 1 else times  # the first batch also loads the table's snapshot
+            results[str(rows)] = {
+                "batch_p50_s": _round(percentile(steady, 50)),
+                "batch_max_s": _round(max(steady) if steady else None),
+                "first_batch_s": _round(times[0] if times else None),
+                "batches": [round(t, 3) for t in times],
+            }
+            logger.info("  %d rows: %s", rows, results[str(rows)])
+            shutil.rmtree(self.workdir / f"growth-{rows}", ignore_errors=True)
+        report["growth"] = results
+
+
+def wait_until_read(query: StreamingQuery, last: dict[tuple[str, int], int], deadline_s: float) -> None:
+    """Poll the query's progress until it has read past every offset in ``last`` (or fail at the deadline)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if not query.isActive:
+            query.awaitTermination()  # raises the query's failure
+            raise RuntimeError(f"query {query.name} stopped before reading everything")
+        done: dict[tuple[str, int], int] = {}
+        for batch in progress_batches(query):
+            done.update(batch["ends"])
+        if all(done.get(tp, -1) > offset for tp, offset in last.items()):
+            return
+        query.awaitTermination(0.5)
+    raise RuntimeError(f"query {query.name} did not catch up within {deadline_s:.0f}s")
+
+
+def freshness_lags(positions: Sequence[tuple[float, Any]], batches: Sequence[dict[str, Any]]) -> list[float]:
+    """Per record: seconds from its send to the end of the first batch whose end offsets are past it."""
+    ordered = sorted(batches, key=lambda b: b["batch_id"])
+    lags = []
+    for sent_at, pos in positions:
+        tp = (pos.topic, pos.partition)
+        for batch in ordered:
+            if batch["ends"].get(tp, -1) > pos.offset:
+                lags.append(batch["end"] - sent_at)
+                break
+    return lags
+
+
+def naive_schema() -> T.StructType:
+    """The naive contender's table: the data columns and the change's seq."""
+    data = T.DataType.fromDDL(BENCH_SCHEMA)
+    return T.StructType([*data.fields, T.StructField("seq", T.LongType())])
+
+
+def naive_handler(path: str) -> Callable[[DataFrame, int], None]:
+    """The hand-written pattern: parse, keep the latest change per key in the batch, MERGE it."""
+    envelope = T.StructType(
+        [
+            T.StructField("op", T.StringType()),
+            T.StructField("seq", T.LongType()),
+            T.StructField("data", T.DataType.fromDDL(BENCH_SCHEMA)),
+        ]
+    )
+
+    def handle(batch_df: DataFrame, batch_id: int) -> None:
+        parsed = batch_df.select(
+            F.from_json(F.col("key").cast("string"), "order_id BIGINT")["order_id"].alias("key_id"),
+            F.from_json(F.col("value").cast("string"), envelope).alias("e"),
+        ).select("key_id", "e.op", "e.seq", "e.data.*")
+        latest = Window.partitionBy("key_id").orderBy(F.col("seq").desc())
+        deduped = parsed.withColumn("_rn", F.row_number().over(latest)).where("_rn = 1").drop("_rn")
+        merge_naive(batch_df.sparkSession, path, deduped, "key_id", "order_id", [*DATA_COLUMNS, "seq"])
+
+    return handle
+
+
+def prefill_rows(spark: SparkSession, rows: int, value_bytes: int, files: int) -> DataFrame:
+    """``rows`` live orders with keys ``0..rows-1``, range-partitioned by key into ``files`` files."""
+    note = F.substring(F.repeat(F.sha2(F.col("id").cast("string"), 256), max(1, value_bytes // 64 + 1)), 1, value_bytes)
+    customers = F.array(*[F.lit(c) for c in _CUSTOMERS])
+    return spark.range(0, rows, 1, files).select(
+        F.col("id").alias("order_id"),
+        customers[F.col("id") % len(_CUSTOMERS)].alias("customer"),
+        (F.col("id") % 500 + 5).cast("double").alias("amount"),
+        F.lit("new").alias("status"),
+        F.lit(1_700_000_000_000).cast("long").alias("updated_ms"),
+        note.alias("note"),
+    )
+
+
+def run_bench(spark: SparkSession, plan: BenchPlan, workdir: Path, bootstrap_servers: str) -> dict[str, Any]:
+    """Every phase of ``plan``; returns the report (also what :func:`write_report` saves)."""
+    import os
+    import platform
+
+    bench = Bench(spark, plan, workdir, bootstrap_servers)
+    report: dict[str, Any] = {
+        "started": datetime.now().isoformat(timespec="seconds"),
+        "machine": {
+            "cores": os.cpu_count(),
+            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+            "python": platform.python_version(),
+            "spark": spark.version,
+            "master": spark.sparkContext.master,
+            "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions"),
+        },
+        "workload": asdict(plan),
+    }
+    if bench.peer is not None:
+        report["peer"] = bench.peer.describe()
+    phases: list[tuple[str, Callable[[dict[str, Any]], None]]] = [("catch_up", bench.catch_up)]
+    if plan.fresh_seconds and plan.fresh_rate:
+        phases.append(("freshness", bench.freshness))
+    if plan.growth_rows and "ours" in plan.contenders:
+        phases.append(("growth", bench.growth))
+    for phase, run in phases:
+        started = time.monotonic()
+        run(report)
+        logger.info("%s done in %.0fs", phase, time.monotonic() - started)
+    report["ratios"] = ratios(report)
+    return report
+
+
+def ratios(report: dict[str, Any]) -> dict[str, float | None]:
+    """The issue's targets as ratios of this run's figures."""
+    catch = report.get("catch_up", {})
+
+    def rate(name: str) -> float | None:
+        value = catch.get(name, {}).get("events_per_s")
+        return float(value) if value else None
+
+    def div(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 2) if a is not None and b else None
+
+    growth = report.get("growth", {})
+    sizes = sorted(growth, key=int)
+    return {
+        "ours_vs_ceiling": div(rate("ours"), rate("ceiling")),
+        "ours_vs_naive": div(rate("ours"), rate("naive")),
+        "ours_vs_peer": div(rate("ours"), rate("peer")),
+        "rebuild_vs_ceiling": div(rate("rebuild"), rate("ceiling_bulk")),
+        "growth_largest_vs_smallest": div(
+            growth[sizes[-1]]["batch_p50_s"] if sizes else None, growth[sizes[0]]["batch_p50_s"] if sizes else None
+        ),
+    }
+
+
+def summary_lines(report: dict[str, Any]) -> Iterator[str]:
+    """The report as a readable table."""
+    catch, fresh = report.get("catch_up", {}), report.get("freshness", {})
+    yield f"{'contender':<14}{'events/s':>10}{'batch p50':>11}{'batch p99':>11}{'fresh p50':>11}{'fresh p99':>11}"
+    for name in [*CONTENDERS, "ceiling_bulk", "rebuild"]:
+        if name not in catch and name not in fresh:
+            continue
+        c, f = catch.get(name, {}), fresh.get(name, {})
+
+        def cell(value: Any, unit: str = "s") -> str:
+            return "-" if value is None else f"{value:.2f}{unit}"
+
+        yield (
+            f"{name:<14}{c.get('events_per_s', 0):>10.0f}{cell(c.get('batch_p50_s')):>11}"
+            f"{cell(c.get('batch_p99_s')):>11}{cell(f.get('fresh_p50_s')):>11}{cell(f.get('fresh_p99_s')):>11}"
+        )
+    for rows, g in sorted(report.get("growth", {}).items(), key=lambda kv: int(kv[0])):
+        yield f"growth {int(rows):>11,} rows: batch p50 {g['batch_p50_s']}s, max {g['batch_max_s']}s"
+    for name, value in report.get("ratios", {}).items():
+        yield f"{name}: {value}"
+
+
+def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
+    """Save the report as JSON and as a PNG plot; returns both paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = report["started"].replace(":", "").replace("-", "")
+    json_path, png_path = out_dir / f"bench-{stamp}.json", out_dir / f"bench-{stamp}.png"
+    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    plot(report, png_path)
+    return json_path, png_path
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4.5))
+    catch = report.get("catch_up", {})
+    names = list(catch)
+    axes[0].bar(names, [catch[n]["events_per_s"] for n in names], color="tab:blue")
+    axes[0].set_title("catch-up (events/s, higher is better)")
+    axes[1].bar([f"{n}\np50" for n in names], [catch[n]["batch_p50_s"] or 0 for n in names], color="tab:green")
+    axes[1].bar([f"{n}\np99" for n in names], [catch[n]["batch_p99_s"] or 0 for n in names], color="tab:olive")
+    axes[1].set_title("catch-up batch time (s)")
+    fresh = report.get("freshness", {})
+    fnames = list(fresh)
+    width = 0.4
+    xs = range(len(fnames))
+    axes[2].bar([x - width / 2 for x in xs], [fresh[n]["fresh_p50_s"] or 0 for n in fnames], width, label="p50")
+    axes[2].bar([x + width / 2 for x in xs], [fresh[n]["fresh_p99_s"] or 0 for n in fnames], width, label="p99")
+    axes[2].set_xticks(list(xs), fnames)
+    axes[2].axhline(2.0, color="red", linestyle="--", linewidth=1, label="target p99")
+    axes[2].set_title(f"freshness at {report['workload']['fresh_rate']} events/s (s)")
+    axes[2].legend()
+    growth = report.get("growth", {})
+    sizes = sorted(growth, key=int)
+    axes[3].plot([int(s) for s in sizes], [growth[s]["batch_p50_s"] for s in sizes], marker="o")
+    axes[3].set_xscale("log")
+    axes[3].set_title(f"ours: batch of {report['workload']['growth_batch_size']} vs table rows (s)")
+    for ax in axes[:2]:
+        ax.tick_params(axis="x", labelsize=7, rotation=45)
+    machine = report["machine"]
+    fig.suptitle(f"replica bench {report['started']} - {machine['cores']} cores, Spark {machine['spark']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
