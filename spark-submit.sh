@@ -4,9 +4,10 @@
 #   ./spark-submit.sh jobs/materialize.py conf/orders_a.toml                 # local[2]
 #   ./spark-submit.sh --master spark://host:7077 jobs/materialize.py conf/orders_a.toml
 #
-# Any spark-submit option may come before the job file. The Spark extras (Delta, Spark's Kafka source) are
-# passed as --packages, resolved by Spark's Ivy from Maven Central into the project's cache (.state/ivy) once;
-# on a cluster the same coordinates are resolved there, and replica_lib is shipped with --py-files.
+# Any spark-submit option may come before the job file. The Spark extras (Delta, Spark's Kafka source, and a
+# job's own, e.g. spark-avro for jobs/bench.py) are passed as --packages, resolved by Spark's Ivy from Maven
+# Central into the project's cache (.state/ivy) once; on a cluster the same coordinates are resolved there, and
+# replica_lib is shipped with --py-files.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/scripts/bootstrap.sh"
 replica_bootstrap
@@ -20,7 +21,12 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   esac
 done
 
-packages=$("$PY" -c 'from replica_lib.artifacts import SPARK_PACKAGES; print(",".join(SPARK_PACKAGES))')
+# The job file is the first *.py argument; some jobs need packages of their own (artifacts.JOB_PACKAGES).
+job=""
+for arg in "$@"; do
+  if [[ "$arg" == *.py ]]; then job="$arg"; break; fi
+done
+packages=$("$PY" -c 'import sys; from replica_lib.artifacts import packages_for; print(",".join(packages_for(sys.argv[1])))' "$job")
 common=(
   --packages "$packages"
   --conf "spark.jars.ivy=$STATE/ivy"

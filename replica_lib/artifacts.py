@@ -30,11 +30,25 @@ SPARK_PACKAGES: tuple[str, ...] = (
     f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY}:{SPARK_VERSION}",
 )
 
+#: Spark's Avro functions (``from_avro``): the benchmark's peer, kafka2delta, decodes its records with them.
+SPARK_AVRO = f"org.apache.spark:spark-avro_{SCALA_BINARY}:{SPARK_VERSION}"
+
+#: Packages a job needs beyond :data:`SPARK_PACKAGES`, by the job's file name under ``jobs/``.
+JOB_PACKAGES: dict[str, tuple[str, ...]] = {"bench.py": (SPARK_AVRO,)}
+
 #: The embedded broker: Apache Kafka (KRaft) and a log4j2 binding for its slf4j logging.
 BROKER_PACKAGES: tuple[str, ...] = (
     f"org.apache.kafka:kafka_{SCALA_BINARY}:{KAFKA_BROKER_VERSION}",
     "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3",
 )
+
+
+def packages_for(job_file: str) -> tuple[str, ...]:
+    """The ``--packages`` for ``job_file`` (``spark-submit.sh`` asks): :data:`SPARK_PACKAGES` plus the job's own."""
+    path = Path(job_file)
+    extra = JOB_PACKAGES.get(path.name, ()) if path.parent.name == "jobs" else ()
+    return SPARK_PACKAGES + extra
+
 
 RESOURCES = Path(__file__).resolve().parent / "resources"
 IVY_SETTINGS = RESOURCES / "ivysettings.xml"

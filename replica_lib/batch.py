@@ -15,13 +15,23 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from replica_lib import decode
-from replica_lib.config import CrashPoint, ReplicaConfig
-from replica_lib.merge import Commit, append_quarantine, merge_rows, merge_tombstones
+from replica_lib.config import CrashPoint, ReplicaConfig, Target
+from replica_lib.merge import (
+    Commit,
+    KeyRange,
+    append_quarantine,
+    append_rows,
+    append_tombstones,
+    merge_rows,
+    merge_tombstones,
+)
 from replica_lib.ordering import current_versions, dedup, latest_per_key
 from replica_lib.progress import batch_end_offsets, checkpoint_generation
 from replica_lib.target import PROVENANCE_COLUMNS, TableSchema, read_table, tombstone_target
@@ -96,6 +106,15 @@ def make_batch_handler(
     ``crash_at`` is for the fault harness: the process kills itself at that point of a batch.
     """
     generations: dict[str, str] = {}
+    filled: set[str] = set()  # tables known to hold data: they never need the emptiness check again
+
+    def empty(spark: SparkSession, target: Target) -> bool:
+        if target.describe() in filled:
+            return False
+        if is_empty(spark, target):
+            return True
+        filled.add(target.describe())
+        return False
 
     def crash(point: str, batch_id: int) -> None:
         if crash_at is None or crash_at.point != point:
@@ -135,34 +154,55 @@ def make_batch_handler(
             # which plans its source several times) do not re-analyse the decoding expressions.
             with stage("decode"):
                 env_df = decode.envelopes(dedup(raw_df), cfg, schemas).localCheckpoint()
-                stats.duplicates = stats.records - env_df.count()
-                changes = {
-                    t.name: decode.table_changes(env_df, schemas[t.name]).localCheckpoint() for t in cfg.tables
-                }
+                changes = {t.name: decode.table_changes(env_df, schemas[t.name]).localCheckpoint() for t in cfg.tables}
+                counts = _summaries(env_df, changes, schemas)
+                stats.duplicates = stats.records - counts["envelopes"]
             with stage("quarantine"):
-                rejected = [env_df.where(F.col("_error").isNotNull() & F.col("_table").isNull())]
-                rejected += [decode.rejected(changes_df) for changes_df in changes.values()]
-                quarantine_df = quarantine_rows(_union(rejected), cfg.name, batch_id).localCheckpoint()
-                stats.quarantined = quarantine_df.count()
+                stats.quarantined = counts["rejected"]
                 if stats.quarantined:
+                    rejected = [env_df.where(F.col("_error").isNotNull() & F.col("_table").isNull())]
+                    rejected += [decode.rejected(changes_df) for changes_df in changes.values()]
                     quarantine_app = app_id(cfg.name, "_quarantine", generation)
+                    quarantine_df = quarantine_rows(_union(rejected), cfg.name, batch_id)
                     append_quarantine(cfg.quarantine, quarantine_df, Commit(quarantine_app, batch_id, metadata))
             crash("after_quarantine", batch_id)
             for table in cfg.tables:
                 schema, table_app = schemas[table.name], app_id(cfg.name, table.name, generation)
+                rows_target, tombs_target = table.target, tombstone_target(table)
                 with stage(f"{table.name}: order"):
-                    winners_df = _winners(spark, decode.valid(changes[table.name]), schema, table_app, batch_id)
-                    counts: dict[str, int] = {
-                        row["_op"]: row["count"] for row in winners_df.groupBy("_op").count().collect()
-                    }
-                stats.upserts += counts.get("upsert", 0)
-                stats.deletes += counts.get("delete", 0)
+                    rows_empty, tombs_empty = empty(spark, rows_target), empty(spark, tombs_target)
+                    winners = _winners(
+                        spark,
+                        changes[table.name],
+                        counts[table.name],
+                        schema,
+                        table_app,
+                        batch_id,
+                        rows_empty,
+                        tombs_empty,
+                    )
+                if winners is None:
+                    continue
                 tombstone_commit = Commit(f"{table_app}:tombstones", batch_id, metadata)
                 with stage(f"{table.name}: tombstones"):
-                    merge_tombstones(spark, tombstone_target(table), winners_df, schema, tombstone_commit)
+                    # Only deletes, and upserts of keys with a retained delete, touch the tombstone table.
+                    if winners.deletes and tombs_empty:
+                        append_tombstones(tombs_target, winners.df, schema, tombstone_commit)
+                        filled.add(tombs_target.describe())
+                    elif winners.deletes or winners.revived:
+                        tombstone_df = winners.df.where((F.col("_op") == "delete") | F.col("_tombstoned"))
+                        merge_tombstones(spark, tombs_target, tombstone_df, schema, tombstone_commit, winners.rows)
                 crash("after_tombstones", batch_id)
                 with stage(f"{table.name}: merge"):
-                    merge_rows(spark, table.target, winners_df, schema, Commit(table_app, batch_id, metadata))
+                    table_commit = Commit(table_app, batch_id, metadata)
+                    if rows_empty:
+                        applied = append_rows(rows_target, winners.df, schema, table_commit)
+                    else:
+                        applied = merge_rows(
+                            spark, rows_target, winners.df, schema, table_commit, winners.rows, winners.key_range
+                        )
+                stats.upserts += applied.upserted
+                stats.deletes += winners.deletes
             crash("after_commit", batch_id)
         finally:
             raw_df.unpersist()
@@ -199,19 +239,111 @@ def _union(frames: list[DataFrame]) -> DataFrame:
     return result
 
 
-def _winners(spark: object, valid_df: DataFrame, schema: TableSchema, table_app: str, batch_id: int) -> DataFrame:
-    """The changes of this batch that win and are newer than the table's state, one per key (materialized)."""
-    from pyspark.sql import SparkSession
+# Key types whose min/max Delta keeps as file statistics (so a key range can skip files).
+_RANGE_TYPES = (T.NumericType, T.StringType, T.DateType, T.TimestampType)
 
-    assert isinstance(spark, SparkSession)
-    keys = schema.table.keys
-    batch_keys = valid_df.select(*keys).distinct()
+
+@dataclass(frozen=True)
+class _Winners:
+    """A table's winning changes of one batch (materialized), with what the writes need to know about them."""
+
+    df: DataFrame
+    rows: int  # at most this many winners (the batch's valid changes)
+    deletes: int  # winning deletes
+    revived: int  # winning upserts of keys that have a retained delete
+    key_range: KeyRange | None
+
+
+@dataclass(frozen=True)
+class _Summary:
+    """One table's changes in a batch, counted in one small job: what the later stages decide on."""
+
+    valid: int
+    rejected: int
+    deletes: int
+    keys: tuple[Any, Any]  # smallest and greatest first key column among the valid changes
+    delete_keys: tuple[Any, Any]  # the same among the valid deletes
+
+
+def _summaries(env_df: DataFrame, changes: dict[str, DataFrame], schemas: dict[str, TableSchema]) -> dict[str, Any]:
+    """Envelopes and rejected records of the batch, and a :class:`_Summary` per table."""
+    row = env_df.agg(
+        F.count(F.lit(1)), F.count(F.when(F.col("_error").isNotNull() & F.col("_table").isNull(), 1))
+    ).first()
+    assert row is not None
+    result: dict[str, Any] = {"envelopes": int(row[0]), "rejected": int(row[1])}
+    for name, changes_df in changes.items():
+        ok, is_delete = F.col("_error").isNull(), F.col("_op") == "delete"
+        key = F.col(f"`{schemas[name].table.keys[0]}`")
+        row = changes_df.agg(
+            F.count(F.when(ok, 1)),
+            F.count(F.col("_error")),
+            F.count(F.when(ok & is_delete, 1)),
+            F.min(F.when(ok, key)),
+            F.max(F.when(ok, key)),
+            F.min(F.when(ok & is_delete, key)),
+            F.max(F.when(ok & is_delete, key)),
+        ).first()
+        assert row is not None
+        result[name] = _Summary(int(row[0]), int(row[1]), int(row[2]), (row[3], row[4]), (row[5], row[6]))
+        result["rejected"] += int(row[1])
+    return result
+
+
+def is_empty(spark: SparkSession, target: Target) -> bool:
+    """Whether a Delta table has no data files (a replica being rebuilt); reads only the table's log."""
+    from delta.tables import DeltaTable
+
+    table = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, str(target.table))
+    row = table.detail().select("numFiles").first()
+    return row is None or not row[0]
+
+
+def _winners(
+    spark: SparkSession,
+    changes_df: DataFrame,
+    summary: _Summary,
+    schema: TableSchema,
+    table_app: str,
+    batch_id: int,
+    rows_empty: bool,
+    tombs_empty: bool,
+) -> _Winners | None:
+    """The changes of this batch that win and are newer than what the tables hold, one per key; None if none.
+
+    Upserts are checked here against the retained deletes only (a small table); the MERGE checks them against the
+    replica table's rows. Deletes must also be checked against the rows before they are retained, so the rows of
+    the batch's delete keys are read (only the files in their key range, when data skipping allows).
+    """
+    keys = list(schema.table.keys)
     version_cols = [*keys, *PROVENANCE_COLUMNS[1:4]]  # keys, _src_partition, _src_offset, _src_seq
-    rows_state = read_table(spark, schema.table.target).join(batch_keys, list(keys), "left_semi")
-    tombstones = read_table(spark, tombstone_target(schema.table))
-    # A re-run of this batch must not see the tombstones its first run wrote (see the module docstring).
-    tomb_state = tombstones.where(
-        ~((F.col("_app_id") == F.lit(f"{table_app}:tombstones")) & (F.col("_batch_id") == batch_id))
-    ).join(batch_keys, list(keys), "left_semi")
-    current_df = current_versions(keys, rows_state.select(*version_cols), tomb_state.select(*version_cols))
-    return latest_per_key(valid_df, keys, current_df).localCheckpoint()
+    valid_df = decode.valid(changes_df)
+    is_delete = F.col("_op") == "delete"
+    key = F.col(f"`{keys[0]}`")
+    rows, deletes = summary.valid, summary.deletes
+    if rows == 0:
+        return None
+    ranged = len(keys) == 1 and isinstance(schema.key_schema.fields[0].dataType, _RANGE_TYPES)
+    key_range = KeyRange(keys[0], *summary.keys) if ranged else None
+    states = []
+    if not tombs_empty:
+        # A re-run of this batch must not see the tombstones its first run wrote (see the module docstring).
+        own = (F.col("_app_id") == F.lit(f"{table_app}:tombstones")) & (F.col("_batch_id") == batch_id)
+        tombstones = read_table(spark, tombstone_target(schema.table)).where(~own)
+        states.append(tombstones.select(*version_cols, F.lit(True).alias("_tombstoned")))
+    if deletes and not rows_empty:
+        rows_df = read_table(spark, schema.table.target)
+        if ranged:
+            rows_df = rows_df.where(key.between(F.lit(summary.delete_keys[0]), F.lit(summary.delete_keys[1])))
+        delete_keys = valid_df.where(is_delete).select(*keys).distinct()
+        states.append(rows_df.join(F.broadcast(delete_keys), keys, "left_semi").select(*version_cols))
+    winners_df = latest_per_key(valid_df, keys, current_versions(keys, *states) if states else None)
+    if "_tombstoned" not in winners_df.columns:
+        winners_df = winners_df.withColumn("_tombstoned", F.lit(False))
+    winners_df = winners_df.localCheckpoint()
+    is_upsert = F.col("_op") == "upsert"
+    counted = winners_df.agg(
+        F.count(F.when(is_delete, 1)), F.count(F.when(is_upsert & F.col("_tombstoned"), 1))
+    ).first()
+    assert counted is not None
+    return _Winners(winners_df, rows, int(counted[0]), int(counted[1]), key_range)

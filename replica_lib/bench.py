@@ -234,6 +234,7 @@ class Bench:
 
     # ------------------------------------------------------------------ producing
     def topic(self, name: str) -> str:
+        name = name.replace("-", "_")  # the peer names a SQL temp view after its topic: no '-'
         self.admin.ensure(TopicSpec.local(name, partitions=self.plan.partitions), local=True)
         return name
 
@@ -278,7 +279,8 @@ class Bench:
                 self.prefill(contender, str(base / "table"), prefill, topic)
             return start_replica(self.spark, cfg, available_now=once)
         if contender == "peer":
-            return self.peer.start(self.spark, self, topic, base, batch_size, once, prefill)
+            query: StreamingQuery = self.peer.start(self.spark, self, topic, base, batch_size, once, prefill)
+            return query
         reader = self.spark.readStream.format("kafka").options(**self.source_options(topic, batch_size))
         raw_df = reader.load()
         if contender == "ceiling":
@@ -413,13 +415,16 @@ class Bench:
             name = f"fresh-{contender}"
             topic = self.topic(f"fresh-{contender}")
             logger.info(
-                "freshness: %s at %d events/s for %ds into %d rows", contender, plan.fresh_rate, plan.fresh_seconds,
+                "freshness: %s at %d events/s for %ds into %d rows",
+                contender,
+                plan.fresh_rate,
+                plan.fresh_seconds,
                 plan.fresh_rows if contender != "ceiling" else 0,
             )
             query = self.start(contender, topic, name, None, once=False, prefill=plan.fresh_rows)
             sent = self.produce_paced(topic, events, self.encoder(contender))
             positions = [(at, d.result()) for at, d in sent]
-            last = {}
+            last: dict[tuple[str, int], int] = {}
             for _, pos in positions:
                 last[(pos.topic, pos.partition)] = max(last.get((pos.topic, pos.partition), -1), pos.offset)
             wait_until_read(query, last, deadline_s=600)
@@ -476,7 +481,7 @@ def wait_until_read(query: StreamingQuery, last: dict[tuple[str, int], int], dea
             done.update(batch["ends"])
         if all(done.get(tp, -1) > offset for tp, offset in last.items()):
             return
-        query.awaitTermination(0.5)
+        query.awaitTermination(1)
     raise RuntimeError(f"query {query.name} did not catch up within {deadline_s:.0f}s")
 
 
@@ -496,6 +501,7 @@ def freshness_lags(positions: Sequence[tuple[float, Any]], batches: Sequence[dic
 def naive_schema() -> T.StructType:
     """The naive contender's table: the data columns and the change's seq."""
     data = T.DataType.fromDDL(BENCH_SCHEMA)
+    assert isinstance(data, T.StructType)
     return T.StructType([*data.fields, T.StructField("seq", T.LongType())])
 
 

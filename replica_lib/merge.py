@@ -81,31 +81,105 @@ def _source_newer(target_prefix: str = "t") -> Column:
     )
 
 
+_PROVENANCE_SOURCES = tuple(
+    zip(PROVENANCE_COLUMNS, ("s._topic", "s._partition", "s._offset", "s._seq", "s._event_ts"), strict=True)
+)
+
+
 def _provenance() -> dict[str, Column]:
-    sources = ("s._topic", "s._partition", "s._offset", "s._seq", "s._event_ts")
-    return {name: F.col(src) for name, src in zip(PROVENANCE_COLUMNS, sources, strict=True)}
+    return {name: F.col(src) for name, src in _PROVENANCE_SOURCES}
 
 
-def merge_rows(spark: SparkSession, target: Target, winners_df: DataFrame, schema: TableSchema, commit: Commit) -> None:
-    """Apply one winning change per key to the replica table: newer deletes delete, newer upserts upsert."""
+@dataclass(frozen=True)
+class Applied:
+    """What one write did to a table: rows inserted or updated, and rows deleted."""
+
+    upserted: int = 0
+    deleted: int = 0
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    """The smallest and greatest value of a single key column among a batch's changes.
+
+    Added to the MERGE condition as a target-only predicate, it lets Delta skip every file whose key statistics
+    lie outside the range (data skipping), so a batch of recent keys does not scan the whole table.
+    """
+
+    column: str
+    low: Any
+    high: Any
+
+    def condition(self, prefix: str = "t") -> Column:
+        return F.col(f"{prefix}.`{self.column}`").between(F.lit(self.low), F.lit(self.high))
+
+
+def _applied(metrics_df: DataFrame) -> Applied:
+    rows = metrics_df.collect()
+    if not rows:  # Delta skipped a write it had already committed (same txnAppId and txnVersion)
+        return Applied()
+    row = rows[0].asDict()
+    return Applied(
+        upserted=int(row.get("num_updated_rows") or 0) + int(row.get("num_inserted_rows") or 0),
+        deleted=int(row.get("num_deleted_rows") or 0),
+    )
+
+
+def _source(winners_df: DataFrame, rows: int) -> DataFrame:
+    # A batch's winners are few next to the table: broadcast them, so the MERGE's join never shuffles the table.
+    return F.broadcast(winners_df) if rows <= BROADCAST_ROWS else winners_df
+
+
+BROADCAST_ROWS = 200_000
+
+
+def merge_rows(
+    spark: SparkSession,
+    target: Target,
+    winners_df: DataFrame,
+    schema: TableSchema,
+    commit: Commit,
+    rows: int,
+    key_range: KeyRange | None = None,
+) -> Applied:
+    """Apply one winning change per key to the replica table: newer deletes delete, newer upserts upsert.
+
+    ``rows`` is the number of winners; ``key_range`` (optional) bounds the files the MERGE reads.
+    """
     is_delete, is_upsert = F.col("s._op") == "delete", F.col("s._op") == "upsert"
     values = {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in schema.kept.fields} | _provenance()
+    on = _on_keys(schema.table.keys)
+    if key_range is not None:
+        on = on & key_range.condition()
     with idempotent(spark, commit):
-        (
+        metrics = (
             _delta_table(spark, target)
             .alias("t")
-            .merge(winners_df.alias("s"), _on_keys(schema.table.keys))
+            .merge(_source(winners_df, rows).alias("s"), on)
             .whenMatchedDelete(condition=is_delete & _source_newer())
             .whenMatchedUpdate(condition=is_upsert & _source_newer(), set=values)
             .whenNotMatchedInsert(condition=is_upsert, values=values)
             .execute()
         )
+    return _applied(metrics)
+
+
+def append_rows(target: Target, winners_df: DataFrame, schema: TableSchema, commit: Commit) -> Applied:
+    """The bulk path, for a table that is still empty (a rebuild): append the upserts, no MERGE needed."""
+    upserts = winners_df.where(F.col("_op") == "upsert")
+    columns = [F.col(f"`{f.name}`") for f in schema.kept.fields]
+    provenance = [F.col(src[2:]).alias(name) for name, src in _PROVENANCE_SOURCES]
+    _append(target, upserts.select(*columns, *provenance), commit)
+    return Applied(upserted=upserts.count())
 
 
 def merge_tombstones(
-    spark: SparkSession, target: Target, winners_df: DataFrame, schema: TableSchema, commit: Commit
+    spark: SparkSession, target: Target, winners_df: DataFrame, schema: TableSchema, commit: Commit, rows: int
 ) -> None:
-    """Retain the newest delete per key, and drop it once a newer upsert re-inserts the key."""
+    """Retain the newest delete per key, and drop it once a newer upsert re-inserts the key.
+
+    ``winners_df`` needs only the deletes and the upserts of keys that have a retained delete (``rows`` of them).
+    """
     is_delete, is_upsert = F.col("s._op") == "delete", F.col("s._op") == "upsert"
     values = (
         {f"`{k}`": F.col(f"s.`{k}`") for k in schema.table.keys}
@@ -120,7 +194,7 @@ def merge_tombstones(
         (
             _delta_table(spark, target)
             .alias("t")
-            .merge(winners_df.alias("s"), _on_keys(schema.table.keys))
+            .merge(_source(winners_df, rows).alias("s"), _on_keys(schema.table.keys))
             .whenMatchedUpdate(condition=is_delete & _source_newer(), set=values)
             .whenMatchedDelete(condition=is_upsert & _source_newer())
             .whenNotMatchedInsert(condition=is_delete, values=values)
@@ -128,8 +202,29 @@ def merge_tombstones(
         )
 
 
+def append_tombstones(target: Target, winners_df: DataFrame, schema: TableSchema, commit: Commit) -> None:
+    """The bulk path, for a tombstone table that is still empty: append the deletes."""
+    deletes = winners_df.where(F.col("_op") == "delete")
+    provenance = [F.col(src[2:]).alias(name) for name, src in _PROVENANCE_SOURCES]
+    _append(
+        target,
+        deletes.select(
+            *[F.col(f"`{k}`") for k in schema.table.keys],
+            *provenance,
+            F.current_timestamp().alias("_deleted_at"),
+            F.lit(commit.app_id).alias("_app_id"),
+            F.lit(commit.batch_id).cast("long").alias("_batch_id"),
+        ),
+        commit,
+    )
+
+
 def append_quarantine(target: Target, rows_df: DataFrame, commit: Commit) -> None:
     """Append rejected records to the quarantine table (an idempotent append)."""
+    _append(target, rows_df, commit)
+
+
+def _append(target: Target, rows_df: DataFrame, commit: Commit) -> None:
     writer = (
         rows_df.write.format("delta")
         .mode("append")
@@ -160,7 +255,7 @@ def merge_naive(
     """
     from delta.tables import DeltaTable
 
-    values = {f"`{c}`": F.col(f"s.`{c}`") for c in columns}
+    values: dict[str, str | Column] = {f"`{c}`": F.col(f"s.`{c}`") for c in columns}
     (
         DeltaTable.forPath(spark, path)
         .alias("t")

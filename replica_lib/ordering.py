@@ -42,7 +42,14 @@ def newer(
 
 
 def current_versions(keys: Sequence[str], *states: DataFrame) -> DataFrame:
-    """The greatest version per key among ``states`` (each: keys + ``_src_seq, _src_partition, _src_offset``)."""
+    """The greatest version per key among ``states`` (each: keys + ``_src_seq, _src_partition, _src_offset``).
+
+    A state may carry a boolean ``_tombstoned`` column (the retained deletes do); it passes through as
+    ``_cur_tombstoned``, saying whether the current version is a retained delete.
+    """
+    flagged = any("_tombstoned" in state.columns for state in states)
+    if flagged:
+        states = tuple(s if "_tombstoned" in s.columns else s.withColumn("_tombstoned", F.lit(False)) for s in states)
     union = states[0]
     for state in states[1:]:
         union = union.unionByName(state)
@@ -57,23 +64,33 @@ def current_versions(keys: Sequence[str], *states: DataFrame) -> DataFrame:
             F.col("_src_seq").alias("_cur_seq"),
             F.col("_src_partition").alias("_cur_partition"),
             F.col("_src_offset").alias("_cur_offset"),
+            *([F.col("_tombstoned").alias("_cur_tombstoned")] if flagged else []),
         )
     )
 
 
-def latest_per_key(changes_df: DataFrame, keys: Sequence[str], current_df: DataFrame) -> DataFrame:
+def latest_per_key(changes_df: DataFrame, keys: Sequence[str], current_df: DataFrame | None) -> DataFrame:
     """One winning change per key, kept only if it is newer than the table's current version of that key.
 
-    ``current_df`` holds ``keys + _cur_seq, _cur_partition, _cur_offset`` (see :func:`current_versions`).
+    ``current_df`` holds ``keys + _cur_seq, _cur_partition, _cur_offset`` (see :func:`current_versions`) for the
+    keys that have a known current version; None when no key has one (an empty table).
     """
     in_log_order = Window.partitionBy(*keys).orderBy("_partition", "_offset")
     before = in_log_order.rowsBetween(Window.unboundedPreceding, -1)
     by_version = Window.partitionBy(*keys).orderBy(
         F.col("_seq").desc_nulls_last(), F.col("_partition").desc(), F.col("_offset").desc()
     )
-    with_state = changes_df.join(current_df, list(keys), "left")
+    if current_df is None:
+        with_state = changes_df.select(
+            "*",
+            F.lit(None).cast("long").alias("_cur_seq"),
+            F.lit(None).cast("int").alias("_cur_partition"),
+            F.lit(None).cast("long").alias("_cur_offset"),
+        )
+    else:
+        with_state = changes_df.join(current_df, list(keys), "left")
     inherited = F.greatest(F.max("_seq").over(before), F.col("_cur_seq"))
-    return (
+    result = (
         with_state.withColumn("_seq", F.when(F.col("_tombstone"), inherited).otherwise(F.col("_seq")))
         .withColumn("_rank", F.row_number().over(by_version))
         .where(F.col("_rank") == 1)
@@ -89,3 +106,8 @@ def latest_per_key(changes_df: DataFrame, keys: Sequence[str], current_df: DataF
         )
         .drop("_rank", "_cur_seq", "_cur_partition", "_cur_offset")
     )
+    if "_cur_tombstoned" in result.columns:
+        result = result.withColumn("_tombstoned", F.coalesce(F.col("_cur_tombstoned"), F.lit(False))).drop(
+            "_cur_tombstoned"
+        )
+    return result

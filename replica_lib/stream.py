@@ -45,6 +45,8 @@ def start_replica(
     check_reachable(cfg)
     lock_checkpoint(cfg)
     session = spark.newSession()
+    for key, value in batch_confs(spark).items():
+        session.conf.set(key, value)
     schemas = ensure_replica_tables(session, cfg)
     claim_checkpoint(session, cfg)
     _check_no_data_loss(session, cfg)
@@ -67,6 +69,20 @@ def start_replica(
         "available-now" if once else f"every {cfg.trigger.interval}",
     )
     return query
+
+
+def batch_confs(spark: SparkSession) -> dict[str, str]:
+    """Confs of the replica's own session, sized for micro-batches rather than for Spark's batch defaults.
+
+    - Shuffle partitions: Spark's default of 200 costs ~4x per batch on small batches; a batch's ordering and
+      MERGE run with one partition per core, unless the application sets ``spark.sql.shuffle.partitions`` itself.
+    - MERGE sources: each is a ``localCheckpoint`` of the batch's winners (deterministic, already materialized),
+      so Delta need not materialize it again.
+    """
+    confs = {"spark.databricks.delta.merge.materializeSource": "none"}
+    if not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
+        confs["spark.sql.shuffle.partitions"] = str(max(2, spark.sparkContext.defaultParallelism))
+    return confs
 
 
 def _check_no_data_loss(spark: SparkSession, cfg: ReplicaConfig) -> None:

@@ -28,13 +28,15 @@ replica_bootstrap() {
   "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || replica_die "Python 3.11+ is required, found $("$python" --version 2>&1): install a newer python3 or set REPLICA_PYTHON"
   mkdir -p "$STATE"
   local stamp="$STATE/venv.stamp" want
-  want=$(cat "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)
+  want=$(cat "$ROOT/pyproject.toml" "$ROOT/requirements-peer.txt" | sha256sum | cut -d' ' -f1)
   if [[ ! -x "$PY" || ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
     echo "replica: installing Python dependencies into $VENV (first run takes a minute or two) ..." >&2
     if [[ ! -x "$PY" ]]; then
       "$python" -m venv "$VENV" >"$STATE/pip.log" 2>&1 || replica_die "creating the virtualenv failed (see $STATE/pip.log): install python3-venv (apt-get install python3-venv)"
     fi
-    { "$PY" -m pip install --upgrade pip && "$PY" -m pip install -e "$ROOT[dev]"; } >>"$STATE/pip.log" 2>&1 \
+    # The benchmark's peer (kafka2delta) goes in without dependency resolution: see requirements-peer.txt.
+    { "$PY" -m pip install --upgrade pip && "$PY" -m pip install -e "$ROOT[dev]" \
+      && "$PY" -m pip install --no-deps -r "$ROOT/requirements-peer.txt"; } >>"$STATE/pip.log" 2>&1 \
       || replica_die "pip install failed (see $STATE/pip.log): check access to PyPI and retry"
     echo "$want" >"$stamp"
   fi
