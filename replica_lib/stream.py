@@ -72,17 +72,12 @@ def start_replica(
 
 
 def batch_confs(spark: SparkSession) -> dict[str, str]:
-    """Confs of the replica's own session, sized for micro-batches rather than for Spark's batch defaults.
+    """Confs of the replica's own session (each batch also sizes its shuffles: see ``batch._size_for``).
 
-    - Shuffle partitions: Spark's default of 200 costs ~4x per batch on small batches; a batch's ordering and
-      MERGE run with one partition per core, unless the application sets ``spark.sql.shuffle.partitions`` itself.
-    - MERGE sources: each is a ``localCheckpoint`` of the batch's winners (deterministic, already materialized),
-      so Delta need not materialize it again.
+    MERGE sources are ``localCheckpoint``s of the batch's winners (deterministic, already materialized), so Delta
+    need not materialize them again.
     """
-    confs = {"spark.databricks.delta.merge.materializeSource": "none"}
-    if not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
-        confs["spark.sql.shuffle.partitions"] = str(max(2, spark.sparkContext.defaultParallelism))
-    return confs
+    return {"spark.databricks.delta.merge.materializeSource": "none"}
 
 
 def _check_no_data_loss(spark: SparkSession, cfg: ReplicaConfig) -> None:
