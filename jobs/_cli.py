@@ -17,6 +17,9 @@ def setup_logging(verbose: bool = False) -> None:
         datefmt="%H:%M:%S",
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    # py4j logs a retried send on a closed pooled connection to the root logger at INFO, with a traceback.
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(lambda record: record.levelno >= logging.WARNING or "/py4j/" not in record.pathname)
     # librdkafka reports transient states (coordinator loading, reconnects) as warnings; failures still raise.
     for client in ("replica_lib.producer.librdkafka", "replica_lib.topics.librdkafka"):
         logging.getLogger(client).setLevel(logging.ERROR)

@@ -34,6 +34,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming.query import StreamingQuery
 
+from replica_lib.batch import BatchStats
 from replica_lib.config import KafkaConfig, ReplicaConfig, SourceConfig, TableConfig, Target, TriggerConfig
 from replica_lib.errors import ConfigError
 from replica_lib.merge import merge_naive
@@ -47,6 +48,10 @@ logger = logging.getLogger(__name__)
 BENCH_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, updated_ms BIGINT, note STRING"
 DATA_COLUMNS = ("order_id", "customer", "amount", "status", "updated_ms", "note")
 CONTENDERS = ("ceiling", "naive", "peer", "ours")
+#: How the growth phase picks keys: uniformly over the table (every file touched), or among the newest keys.
+GROWTH_KEYS = ("uniform", "recent")
+RECENT_KEYS = 100_000
+ROWS_PER_FILE = 250_000  # the prefill's file size, ~40 MB: range-partitioned by key, as OPTIMIZE would leave it
 _STATUSES = ("new", "paid", "packed", "shipped", "delivered")
 _CUSTOMERS = ("ada", "grace", "edsger", "barbara", "donald", "leslie", "margaret", "ken")
 
@@ -103,10 +108,19 @@ class Event:
     row: dict[str, Any] | None
 
 
-def workload(keys: int, events: int, delete_share: float, value_bytes: int, seed: int) -> list[Event]:
-    """Seeded changes over keys ``0..keys-1`` chosen uniformly; each key's seq counts its changes from 1.
+def workload(
+    keys: int,
+    events: int,
+    delete_share: float,
+    value_bytes: int,
+    seed: int,
+    prefilled: bool = False,
+    first_key: int = 0,
+) -> list[Event]:
+    """Seeded changes over keys ``first_key..keys-1`` chosen uniformly; each key's seq counts its changes from 1.
 
     A key's first change is an insert, later ones updates, ``delete_share`` of the changes of live keys deletes.
+    ``prefilled``: every key is live from the start (a table filled beforehand with seq 0); seqs then start at 2.
     """
     rng = random.Random(seed)
     pool = ["".join(rng.choices(string.ascii_letters, k=value_bytes)) for _ in range(64)]
@@ -114,16 +128,20 @@ def workload(keys: int, events: int, delete_share: float, value_bytes: int, seed
     live: set[int] = set()
     now_ms = 1_700_000_000_000
     out = []
+    gone: set[int] = set()  # prefilled: the keys deleted so far (all others are live)
     for _ in range(events):
         now_ms += 1
-        key = rng.randrange(keys)
-        seq = seqs.get(key, 0) + 1
+        key = rng.randrange(first_key, keys)
+        seq = seqs.get(key, 1 if prefilled else 0) + 1
         seqs[key] = seq
-        if key in live and rng.random() < delete_share:
+        is_live = key not in gone if prefilled else key in live
+        if is_live and rng.random() < delete_share:
             live.discard(key)
+            gone.add(key)
             out.append(Event(key, "delete", seq, now_ms, None))
             continue
         live.add(key)
+        gone.discard(key)
         row = {
             "order_id": key,
             "customer": _CUSTOMERS[key % len(_CUSTOMERS)],
@@ -154,6 +172,7 @@ class Run:
     records: int = 0
     seconds: float = 0.0
     batches: list[dict[str, Any]] = field(default_factory=list)
+    stages: dict[str, float] = field(default_factory=dict)  # ours only: median seconds per stage of a batch
 
     @property
     def events_per_s(self) -> float:
@@ -171,7 +190,19 @@ class Run:
             "batches": len(times),
             "batch_p50_s": _round(percentile(times, 50)),
             "batch_p99_s": _round(percentile(times, 99)),
+            **({"stages_p50_s": self.stages} if self.stages else {}),
         }
+
+
+def stage_medians(batches: Sequence[BatchStats]) -> dict[str, float]:
+    """Median seconds of each stage over the batches that ran it: where a batch of ours spends its time."""
+    names = list(dict.fromkeys(name for stats in batches for name in stats.stages))
+    medians = {}
+    for name in names:
+        value = percentile([stats.stages[name] for stats in batches if name in stats.stages], 50)
+        if value is not None:
+            medians[name] = round(value, 3)
+    return medians
 
 
 def percentile(values: Sequence[float], pct: float) -> float | None:
@@ -226,6 +257,7 @@ class Bench:
         self.workdir = workdir
         self.bootstrap = bootstrap_servers
         self.admin = TopicAdmin({"bootstrap.servers": bootstrap_servers})
+        self.stages: dict[str, list[BatchStats]] = {}  # ours: each batch's seconds per stage, per run
         self.peer: Any = None
         if "peer" in plan.contenders:
             from replica_lib.bench_peer import Peer
@@ -277,7 +309,8 @@ class Bench:
             ensure_replica_tables(self.spark, cfg)
             if prefill:
                 self.prefill(contender, str(base / "table"), prefill, topic)
-            return start_replica(self.spark, cfg, available_now=once)
+            self.stages[name] = []
+            return start_replica(self.spark, cfg, available_now=once, on_batch=self.stages[name].append)
         if contender == "peer":
             query: StreamingQuery = self.peer.start(self.spark, self, topic, base, batch_size, once, prefill)
             return query
@@ -328,9 +361,9 @@ class Bench:
         )
 
     def prefill(self, contender: str, path: str, rows: int, topic: str) -> None:
-        """Append ``rows`` live keys ``0..rows-1`` (seq 0) to the contender's table, in files of ~1M keys."""
+        """Append ``rows`` live keys ``0..rows-1`` (seq 0) to the contender's table, in files of ``ROWS_PER_FILE``."""
         started = time.monotonic()
-        files = max(1, rows // 1_000_000)
+        files = max(1, rows // ROWS_PER_FILE)
         df = prefill_rows(self.spark, rows, self.plan.value_bytes, files)
         if contender == "ours":
             df = df.select(
@@ -357,6 +390,7 @@ class Bench:
         query.awaitTermination()
         run = Run(contender, seconds=time.monotonic() - started, batches=progress_batches(query))
         run.records = sum(b["rows"] for b in run.batches)
+        run.stages = stage_medians(self.stages.get(name, []))
         logger.info(
             "  %s: %d records in %.1fs (%.0f events/s), %d batches",
             name,
@@ -366,6 +400,33 @@ class Bench:
             len(run.batches),
         )
         return run
+
+    def check(self, contender: str, name: str, events: Sequence[Event]) -> dict[str, int] | None:
+        """Compare a contender's table with the workload folded per key (key -> seq of the live row).
+
+        A fast wrong answer is no answer: every contender that maintains a table is checked; the ceiling only
+        appends records, so it has nothing to check.
+        """
+        column = {"ours": "_src_seq", "naive": "seq", "peer": "__log_sequence_number"}.get(contender)
+        if column is None:
+            return None
+        expected: dict[int, int] = {}
+        for event in events:  # each key's events are in seq order, as in its partition
+            if event.op == "delete":
+                expected.pop(event.key, None)
+            else:
+                expected[event.key] = event.seq
+        table = self.spark.read.format("delta").load(str(self.workdir / name / "table"))
+        actual = {int(r[0]): int(r[1]) for r in table.select("order_id", column).collect()}
+        result = {
+            "rows": len(actual),
+            "missing": sum(1 for k in expected if k not in actual),
+            "extra": sum(1 for k in actual if k not in expected),
+            "different": sum(1 for k, v in expected.items() if k in actual and actual[k] != v),
+        }
+        level = logging.INFO if result["missing"] + result["extra"] + result["different"] == 0 else logging.ERROR
+        logger.log(level, "  %s against the model: %s", name, result)
+        return result
 
     # ------------------------------------------------------------------ phases
     def encoder(self, contender: str) -> Encoder:
@@ -398,18 +459,20 @@ class Bench:
         results = {}
         for contender in plan.contenders:
             topic = topics["peer" if contender == "peer" else "native"]
-            results[contender] = self.run_once(contender, topic, f"catchup-{contender}", plan.batch_size).summary()
+            name = f"catchup-{contender}"
+            results[contender] = self.run_once(contender, topic, name, plan.batch_size).summary()
+            results[contender]["check"] = self.check(contender, name, events)
         if "ours" in plan.contenders:
             logger.info("rebuild: the whole log in one batch, ceiling and ours")
             results["ceiling_bulk"] = self.run_once("ceiling", topics["native"], "rebuild-ceiling", None).summary()
             results["rebuild"] = self.run_once("ours", topics["native"], "rebuild-ours", None).summary()
+            results["rebuild"]["check"] = self.check("ours", "rebuild-ours", events)
         report["catch_up"] = results
 
     def freshness(self, report: dict[str, Any]) -> None:
         plan = self.plan
         count = plan.fresh_rate * plan.fresh_seconds
-        events = workload(max(plan.fresh_rows, 1), count, plan.delete_share, plan.value_bytes, plan.seed + 2)
-        events = [Event(e.key, e.op, e.seq + 1, e.ts_ms, e.row) for e in events]  # newer than the prefill
+        events = workload(max(plan.fresh_rows, 1), count, plan.delete_share, plan.value_bytes, plan.seed + 2, True)
         results = {}
         for contender in plan.contenders:
             name = f"fresh-{contender}"
@@ -446,26 +509,37 @@ class Bench:
         report["freshness"] = results
 
     def growth(self, report: dict[str, Any]) -> None:
+        """Ours, same batch size, growing tables: keys drawn uniformly (every file touched), then recent keys."""
         plan = self.plan
-        results = {}
-        for rows in plan.growth_rows:
-            count = plan.growth_batch_size * plan.growth_batches
-            events = workload(rows, count, plan.delete_share, plan.value_bytes, plan.seed + 3)
-            events = [Event(e.key, e.op, e.seq + 1, e.ts_ms, e.row) for e in events]
-            topic = self.topic(f"growth-{rows}")
-            self.produce(topic, events, native_record)
-            logger.info("growth: ours, %d rows, %d batches of %d", rows, plan.growth_batches, plan.growth_batch_size)
-            run = self.run_once("ours", topic, f"growth-{rows}", plan.growth_batch_size, prefill=rows)
-            times = run.batch_seconds()
-            steady = times[1:] if len(times) > 1 else times  # the first batch also loads the table's snapshot
-            results[str(rows)] = {
-                "batch_p50_s": _round(percentile(steady, 50)),
-                "batch_max_s": _round(max(steady) if steady else None),
-                "first_batch_s": _round(times[0] if times else None),
-                "batches": [round(t, 3) for t in times],
-            }
-            logger.info("  %d rows: %s", rows, results[str(rows)])
-            shutil.rmtree(self.workdir / f"growth-{rows}", ignore_errors=True)
+        results: dict[str, dict[str, Any]] = {}
+        for keys in GROWTH_KEYS:
+            results[keys] = {}
+            for rows in plan.growth_rows:
+                first = max(0, rows - RECENT_KEYS) if keys == "recent" else 0
+                count = plan.growth_batch_size * plan.growth_batches
+                events = workload(rows, count, plan.delete_share, plan.value_bytes, plan.seed + 3, True, first)
+                name = f"growth-{keys}-{rows}"
+                topic = self.topic(name)
+                self.produce(topic, events, native_record)
+                logger.info(
+                    "growth: ours, %d rows, %s keys, %d batches of %d",
+                    rows,
+                    keys,
+                    plan.growth_batches,
+                    plan.growth_batch_size,
+                )
+                run = self.run_once("ours", topic, name, plan.growth_batch_size, prefill=rows)
+                times = run.batch_seconds()
+                steady = times[1:] if len(times) > 1 else times  # the first batch also loads the table's snapshot
+                results[keys][str(rows)] = {
+                    "batch_p50_s": _round(percentile(steady, 50)),
+                    "batch_max_s": _round(max(steady) if steady else None),
+                    "first_batch_s": _round(times[0] if times else None),
+                    "batches": [round(t, 3) for t in times],
+                    "stages_p50_s": run.stages,
+                }
+                logger.info("  %d rows, %s keys: %s", rows, keys, results[keys][str(rows)])
+                shutil.rmtree(self.workdir / name, ignore_errors=True)
         report["growth"] = results
 
 
@@ -585,17 +659,18 @@ def ratios(report: dict[str, Any]) -> dict[str, float | None]:
     def div(a: float | None, b: float | None) -> float | None:
         return round(a / b, 2) if a is not None and b else None
 
-    growth = report.get("growth", {})
-    sizes = sorted(growth, key=int)
-    return {
+    result = {
         "ours_vs_ceiling": div(rate("ours"), rate("ceiling")),
         "ours_vs_naive": div(rate("ours"), rate("naive")),
         "ours_vs_peer": div(rate("ours"), rate("peer")),
         "rebuild_vs_ceiling": div(rate("rebuild"), rate("ceiling_bulk")),
-        "growth_largest_vs_smallest": div(
-            growth[sizes[-1]]["batch_p50_s"] if sizes else None, growth[sizes[0]]["batch_p50_s"] if sizes else None
-        ),
     }
+    for keys, sizes in report.get("growth", {}).items():
+        ordered = sorted(sizes, key=int)
+        if ordered:
+            largest, smallest = sizes[ordered[-1]]["batch_p50_s"], sizes[ordered[0]]["batch_p50_s"]
+            result[f"growth_{keys}_largest_vs_smallest"] = div(largest, smallest)
+    return result
 
 
 def summary_lines(report: dict[str, Any]) -> Iterator[str]:
@@ -614,8 +689,12 @@ def summary_lines(report: dict[str, Any]) -> Iterator[str]:
             f"{name:<14}{c.get('events_per_s', 0):>10.0f}{cell(c.get('batch_p50_s')):>11}"
             f"{cell(c.get('batch_p99_s')):>11}{cell(f.get('fresh_p50_s')):>11}{cell(f.get('fresh_p99_s')):>11}"
         )
-    for rows, g in sorted(report.get("growth", {}).items(), key=lambda kv: int(kv[0])):
-        yield f"growth {int(rows):>11,} rows: batch p50 {g['batch_p50_s']}s, max {g['batch_max_s']}s"
+    stages = catch.get("ours", {}).get("stages_p50_s")
+    if stages:
+        yield "ours, one catch-up batch (p50): " + ", ".join(f"{k} {v:.2f}s" for k, v in stages.items())
+    for keys, sizes in report.get("growth", {}).items():
+        for rows, g in sorted(sizes.items(), key=lambda kv: int(kv[0])):
+            yield f"growth, {keys} keys, {int(rows):>11,} rows: batch p50 {g['batch_p50_s']}s, max {g['batch_max_s']}s"
     for name, value in report.get("ratios", {}).items():
         yield f"{name}: {value}"
 
@@ -654,10 +733,11 @@ def plot(report: dict[str, Any], path: Path) -> None:
     axes[2].axhline(2.0, color="red", linestyle="--", linewidth=1, label="target p99")
     axes[2].set_title(f"freshness at {report['workload']['fresh_rate']} events/s (s)")
     axes[2].legend()
-    growth = report.get("growth", {})
-    sizes = sorted(growth, key=int)
-    axes[3].plot([int(s) for s in sizes], [growth[s]["batch_p50_s"] for s in sizes], marker="o")
+    for keys, growth in report.get("growth", {}).items():
+        sizes = sorted(growth, key=int)
+        axes[3].plot([int(s) for s in sizes], [growth[s]["batch_p50_s"] for s in sizes], marker="o", label=keys)
     axes[3].set_xscale("log")
+    axes[3].legend(title="keys")
     axes[3].set_title(f"ours: batch of {report['workload']['growth_batch_size']} vs table rows (s)")
     for ax in axes[:2]:
         ax.tick_params(axis="x", labelsize=7, rotation=45)

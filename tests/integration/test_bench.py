@@ -1,0 +1,66 @@
+"""A tiny run of the benchmark job, as users run it: every contender, every phase, and every table checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from replica_lib.config import PROJECT_ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = {
+        "--events": 600,
+        "--keys": 150,
+        "--batch-size": 200,
+        "--fresh-rate": 50,
+        "--fresh-seconds": 3,
+        "--fresh-rows": 500,
+        "--growth-rows": 1000,
+        "--growth-batch-size": 50,
+        "--growth-batches": 2,
+        "--warmup-events": 0,
+        "--bootstrap-servers": connection["bootstrap.servers"],
+        "--workdir": tmp_path / "work",
+        "--out": out,
+    }
+    proc = subprocess.run(
+        [str(PROJECT_ROOT / "spark-submit.sh"), "jobs/bench.py", *(str(x) for kv in args.items() for x in kv)],
+        cwd=PROJECT_ROOT,
+        env=os.environ,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "contender" in proc.stdout and "ours_vs_ceiling" in proc.stdout
+
+    (report_path,) = out.glob("bench-*.json")
+    report = json.loads(report_path.read_text())
+    catch_up = report["catch_up"]
+    assert set(catch_up) == {"ceiling", "naive", "peer", "ours", "ceiling_bulk", "rebuild"}
+    for name, run in catch_up.items():
+        assert run["records"] == 600, name
+        assert run["events_per_s"] > 0 and run["batch_p50_s"] > 0, name
+        if name.startswith("ceiling"):
+            assert run["check"] is None
+        else:  # every maintained table equals the workload folded per key
+            assert run["check"]["missing"] == run["check"]["extra"] == run["check"]["different"] == 0, name
+            assert run["check"]["rows"] > 0
+    assert catch_up["ours"]["batches"] >= 3 and catch_up["rebuild"]["batches"] == 1  # batches of 200 at most
+
+    for name, fresh in report["freshness"].items():
+        assert fresh["events"] == 150, name
+        assert 0 < fresh["fresh_p50_s"] <= fresh["fresh_p99_s"] <= fresh["fresh_max_s"], name
+    for keys in ("uniform", "recent"):
+        assert report["growth"][keys]["1000"]["batches"] and report["growth"][keys]["1000"]["batch_p50_s"] > 0
+    assert set(report["ratios"]) >= {"ours_vs_ceiling", "ours_vs_naive", "ours_vs_peer", "rebuild_vs_ceiling"}
+    (plot,) = out.glob("bench-*.png")
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
