@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 
 from jobs._cli import guarded, setup_logging
@@ -56,23 +57,8 @@ def main(argv: list[str]) -> int:
     settings = local_settings()
 
     def body() -> int:
-        plan = BenchPlan(
-            keys=args.keys,
-            events=args.events,
-            delete_share=args.delete_share,
-            value_bytes=args.value_bytes,
-            batch_size=args.batch_size,
-            partitions=args.partitions,
-            seed=args.seed,
-            contenders=tuple(c.strip() for c in args.contenders.split(",") if c.strip()),
-            fresh_rate=args.fresh_rate,
-            fresh_seconds=args.fresh_seconds,
-            fresh_rows=args.fresh_rows,
-            growth_rows=args.growth_rows,
-            growth_batch_size=args.growth_batch_size,
-            growth_batches=args.growth_batches,
-            warmup_events=args.warmup_events,
-        )
+        given = {f.name: getattr(args, f.name) for f in fields(BenchPlan) if f.name != "contenders"}
+        plan = BenchPlan(**given, contenders=tuple(c.strip() for c in args.contenders.split(",") if c.strip()))
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="replica-bench-"))
         out = args.out or settings.state_dir / "bench"
         print(f"working in {workdir}", flush=True)

@@ -37,6 +37,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from replica_lib.batch import BatchStats
 from replica_lib.config import KafkaConfig, ReplicaConfig, SourceConfig, TableConfig, Target, TriggerConfig
 from replica_lib.errors import ConfigError
+from replica_lib.loadgen import CUSTOMERS, STATUSES
 from replica_lib.merge import merge_naive
 from replica_lib.producer import Change, ChangeProducer, ProducerSettings, encode_key, encode_value
 from replica_lib.stream import start_replica
@@ -52,8 +53,6 @@ CONTENDERS = ("ceiling", "naive", "peer", "ours")
 GROWTH_KEYS = ("uniform", "recent")
 RECENT_KEYS = 100_000
 ROWS_PER_FILE = 250_000  # the prefill's file size, ~40 MB: range-partitioned by key, as OPTIMIZE would leave it
-_STATUSES = ("new", "paid", "packed", "shipped", "delivered")
-_CUSTOMERS = ("ada", "grace", "edsger", "barbara", "donald", "leslie", "margaret", "ken")
 
 
 # ---------------------------------------------------------------------------------------------- the plan
@@ -144,9 +143,9 @@ def workload(
         gone.discard(key)
         row = {
             "order_id": key,
-            "customer": _CUSTOMERS[key % len(_CUSTOMERS)],
+            "customer": CUSTOMERS[key % len(CUSTOMERS)],
             "amount": round(rng.uniform(5, 500), 2),
-            "status": _STATUSES[min(seq - 1, len(_STATUSES) - 1)],
+            "status": STATUSES[min(seq - 1, len(STATUSES) - 1)],
             "updated_ms": now_ms,
             "note": pool[rng.randrange(len(pool))],
         }
@@ -604,10 +603,10 @@ def naive_handler(path: str) -> Callable[[DataFrame, int], None]:
 def prefill_rows(spark: SparkSession, rows: int, value_bytes: int, files: int) -> DataFrame:
     """``rows`` live orders with keys ``0..rows-1``, range-partitioned by key into ``files`` files."""
     note = F.substring(F.repeat(F.sha2(F.col("id").cast("string"), 256), max(1, value_bytes // 64 + 1)), 1, value_bytes)
-    customers = F.array(*[F.lit(c) for c in _CUSTOMERS])
+    customers = F.array(*[F.lit(c) for c in CUSTOMERS])
     return spark.range(0, rows, 1, files).select(
         F.col("id").alias("order_id"),
-        customers[F.col("id") % len(_CUSTOMERS)].alias("customer"),
+        customers[F.col("id") % len(CUSTOMERS)].alias("customer"),
         (F.col("id") % 500 + 5).cast("double").alias("amount"),
         F.lit("new").alias("status"),
         F.lit(1_700_000_000_000).cast("long").alias("updated_ms"),

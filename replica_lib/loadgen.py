@@ -13,8 +13,8 @@ from replica_lib.producer import Change, ChangeProducer
 logger = logging.getLogger(__name__)
 
 ORDERS_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, updated_ms BIGINT"
-_STATUSES = ("new", "paid", "packed", "shipped", "delivered")
-_CUSTOMERS = ("ada", "grace", "edsger", "barbara", "donald", "leslie", "margaret", "ken")
+STATUSES = ("new", "paid", "packed", "shipped", "delivered")
+CUSTOMERS = ("ada", "grace", "edsger", "barbara", "donald", "leslie", "margaret", "ken")
 
 
 @dataclass(frozen=True)
@@ -69,13 +69,13 @@ def generate(workload: Workload) -> list[Change]:
             continue
         row = live.get(order_id) or {
             "order_id": order_id,
-            "customer": rng.choice(_CUSTOMERS),
+            "customer": rng.choice(CUSTOMERS),
             "status": "new",
             "amount": round(rng.uniform(5, 500), 2),
         }
         if op == "update":
             row = dict(row)
-            row["status"] = _STATUSES[min(_STATUSES.index(str(row["status"])) + 1, len(_STATUSES) - 1)]
+            row["status"] = STATUSES[min(STATUSES.index(str(row["status"])) + 1, len(STATUSES) - 1)]
             row["amount"] = round(float(row["amount"]) * rng.uniform(0.9, 1.1), 2)  # type: ignore[arg-type]
         row["updated_ms"] = now_ms
         live[order_id] = row
