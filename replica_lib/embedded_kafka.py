@@ -103,6 +103,18 @@ def clean_orphans() -> list[BrokerProcess]:
     return killed
 
 
+def new_cluster_id() -> str:
+    """A random KRaft cluster id (base64url of a UUID), never starting with ``-``.
+
+    Kafka's own ``Uuid.randomUuid`` skips those too: the storage tool's argument parser takes ``-t -abc…`` for
+    an option, and formatting fails (1 start in 64 before this).
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -278,7 +290,6 @@ class EmbeddedKafka:
         self.port, self.controller_port = port, controller
 
     def _format(self, base: list[str], classpath: str, props: Path) -> None:
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         cmd = [
             *base,
             "-Xmx256m",
@@ -287,7 +298,7 @@ class EmbeddedKafka:
             "kafka.tools.StorageTool",
             "format",
             "-t",
-            cluster_id,
+            new_cluster_id(),
             "-c",
             str(props),
         ]
