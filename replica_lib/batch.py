@@ -29,6 +29,7 @@ from replica_lib.merge import (
     append_quarantine,
     append_rows,
     append_tombstones,
+    delta_table,
     merge_rows,
     merge_tombstones,
 )
@@ -318,10 +319,7 @@ def _summaries(env_df: DataFrame, changes: dict[str, DataFrame], schemas: dict[s
 
 def is_empty(spark: SparkSession, target: Target) -> bool:
     """Whether a Delta table has no data files (a replica being rebuilt); reads only the table's log."""
-    from delta.tables import DeltaTable
-
-    table = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, str(target.table))
-    row = table.detail().select("numFiles").first()
+    row = delta_table(spark, target).detail().select("numFiles").first()
     return row is None or not row[0]
 
 

@@ -53,7 +53,8 @@ def idempotent(spark: SparkSession, commit: Commit) -> Iterator[None]:
             spark.conf.unset(key)
 
 
-def _delta_table(spark: SparkSession, target: Target) -> Any:
+def delta_table(spark: SparkSession, target: Target) -> Any:
+    """The ``DeltaTable`` of a target, by path or by catalog name."""
     from delta.tables import DeltaTable
 
     if target.path:
@@ -153,7 +154,7 @@ def merge_rows(
         on = on & key_range.condition()
     with idempotent(spark, commit):
         metrics = (
-            _delta_table(spark, target)
+            delta_table(spark, target)
             .alias("t")
             .merge(_source(winners_df, rows).alias("s"), on)
             .whenMatchedDelete(condition=is_delete & _source_newer())
@@ -192,7 +193,7 @@ def merge_tombstones(
     )
     with idempotent(spark, commit):
         (
-            _delta_table(spark, target)
+            delta_table(spark, target)
             .alias("t")
             .merge(_source(winners_df, rows).alias("s"), _on_keys(schema.table.keys))
             .whenMatchedUpdate(condition=is_delete & _source_newer(), set=values)
@@ -240,7 +241,7 @@ def _append(target: Target, rows_df: DataFrame, commit: Commit) -> None:
 
 def delete_where(spark: SparkSession, target: Target, condition: str) -> int:
     """Delete the rows matching ``condition``; returns how many were deleted."""
-    table = _delta_table(spark, target)
+    table = delta_table(spark, target)
     table.delete(condition)
     metrics = table.history(1).select("operationMetrics").collect()[0]["operationMetrics"] or {}
     return int(metrics.get("numDeletedRows", 0))
