@@ -1,6 +1,6 @@
 """Replica maintenance: ./spark-submit.sh jobs/maintain.py conf/orders_a.toml
 
-Purges retained deletes that can no longer let a deleted key come back (see replica_lib.maintenance).
+Drops retained deletes that no longer count or can no longer let a deleted key come back (see\nreplica_lib.maintenance).
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import sys
 
 from jobs._cli import guarded, setup_logging
 from replica_lib.config import load_replica, local_settings
-from replica_lib.maintenance import purge_tombstones
+from replica_lib.maintenance import maintain
 from replica_lib.session import build_session
 from replica_lib.topics import TopicAdmin
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="maintain", description="Purge a replica's expired retained deletes.")
+    parser = argparse.ArgumentParser(prog="maintain", description="Compact and purge a replica's retained deletes.")
     parser.add_argument("conf", help="the replica's file in conf/")
     args = parser.parse_args(argv)
     setup_logging()
@@ -24,9 +24,11 @@ def main(argv: list[str]) -> int:
     def body() -> int:
         cfg = load_replica(args.conf)
         spark = build_session(f"replica-maintain-{cfg.name}", local_settings())
-        purged = purge_tombstones(spark, cfg, TopicAdmin(cfg.kafka.client_config()))
-        for table, count in purged.items():
-            print(f"{cfg.name}.{table}: purged {count} retained deletes")
+        tidied = maintain(spark, cfg, TopicAdmin(cfg.kafka.client_config()))
+        for table, done in tidied.items():
+            print(
+                f"{cfg.name}.{table}: dropped {done.superseded} superseded and {done.purged} expired retained deletes"
+            )
         return 0
 
     return guarded(body)

@@ -1,9 +1,9 @@
 """The foreachBatch handler: dedup -> decode -> order -> MERGE, exactly once per batch.
 
-Per table, the retained tombstones are written before the replica table. If a crash lands between the two,
-Spark re-runs the batch: Delta skips the write already committed (same ``txnAppId`` and batch id), and the
-current state read for ordering ignores the tombstones that this very batch wrote, so the re-run decides exactly
-what the first run decided.
+Per table, the batch's winning deletes are appended to the tombstone table before the replica table is merged.
+If a crash lands between the two, Spark re-runs the batch: Delta skips the write already committed (same
+``txnAppId`` and batch id), and the current state read for ordering ignores the tombstones that this very batch
+wrote, so the re-run decides exactly what the first run decided.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from replica_lib.merge import (
     append_tombstones,
     delta_table,
     merge_rows,
-    merge_tombstones,
 )
 from replica_lib.ordering import current_versions, dedup, latest_per_key
 from replica_lib.progress import batch_end_offsets, checkpoint_generation
@@ -185,15 +184,12 @@ def make_batch_handler(
                     )
                 if winners is None:
                     continue
-                tombstone_commit = Commit(f"{table_app}:tombstones", batch_id, metadata)
                 with stage(f"{table.name}: tombstones"):
-                    # Only deletes, and upserts of keys with a retained delete, touch the tombstone table.
-                    if winners.deletes and tombs_empty:
+                    # An append (no MERGE): a key's newest retained delete is the one that counts (see _winners).
+                    if winners.deletes:
+                        tombstone_commit = Commit(f"{table_app}:tombstones", batch_id, metadata)
                         append_tombstones(tombs_target, winners.df, schema, tombstone_commit)
                         filled.add(tombs_target.describe())
-                    elif winners.deletes or winners.revived:
-                        tombstone_df = winners.df.where((F.col("_op") == "delete") | F.col("_tombstoned"))
-                        merge_tombstones(spark, tombs_target, tombstone_df, schema, tombstone_commit, winners.rows)
                 crash("after_tombstones", batch_id)
                 with stage(f"{table.name}: merge"):
                     table_commit = Commit(table_app, batch_id, metadata)
@@ -204,7 +200,7 @@ def make_batch_handler(
                             spark, rows_target, winners.df, schema, table_commit, winners.rows, winners.key_range
                         )
                 stats.upserts += applied.upserted
-                stats.deletes += winners.deletes if rows_empty else applied.deleted
+                stats.deletes += winners.count_deletes() if rows_empty else applied.deleted
             crash("after_commit", batch_id)
         finally:
             raw_df.unpersist()
@@ -251,9 +247,12 @@ class _Winners:
 
     df: DataFrame
     rows: int  # at most this many winners (the batch's valid changes)
-    deletes: int  # winning deletes
-    revived: int  # winning upserts of keys that have a retained delete
+    deletes: int  # at most this many winning deletes (the batch's valid deletes)
     key_range: KeyRange | None
+
+    def count_deletes(self) -> int:
+        """The winning deletes, counted (a Spark job: only where a figure must be exact)."""
+        return self.df.where(F.col("_op") == "delete").count() if self.deletes else 0
 
 
 #: Records per partition of a batch: small batches run in one partition, as most of their cost is per task.
@@ -335,18 +334,19 @@ def _winners(
 ) -> _Winners | None:
     """The changes of this batch that win and are newer than what the tables hold, one per key; None if none.
 
-    Changes are checked here against the retained deletes only (a small table); the MERGE checks them against the
-    replica table's rows. The rows are read only for the keys of Kafka tombstones, which take the seq of the state
-    they delete (the files in their key range, when data skipping allows).
+    Changes are checked here against the retained deletes only (a small table, read in the batch's key range);
+    the MERGE checks them against the replica table's rows. The rows are read only for the keys of Kafka
+    tombstones, which take the seq of the state they delete (the files in their key range, when data skipping
+    allows).
 
-    A delete older than its key's live row may thus be retained (the row stays: the MERGE gates it). That is
-    harmless: what any change is checked against is the greatest version among a key's row and retained delete,
-    and the retained delete goes as soon as the key is upserted again.
+    The tombstone table is a log: a key may have several retained deletes, and one older than its live row (a
+    delete that lost to the row, or a key upserted again since). That is harmless: what any change is checked
+    against is the greatest version among a key's row and retained deletes. ``jobs/maintain.py`` drops the
+    superseded ones (:func:`replica_lib.maintenance.compact_tombstones`).
     """
     keys = list(schema.table.keys)
     version_cols = [*keys, *PROVENANCE_COLUMNS[1:4]]  # keys, _src_partition, _src_offset, _src_seq
     valid_df = decode.valid(changes_df)
-    is_delete = F.col("_op") == "delete"
     key = F.col(f"`{keys[0]}`")
     rows = summary.valid
     if rows == 0:
@@ -358,7 +358,9 @@ def _winners(
         # A re-run of this batch must not see the tombstones its first run wrote (see the module docstring).
         own = (F.col("_app_id") == F.lit(f"{table_app}:tombstones")) & (F.col("_batch_id") == batch_id)
         tombstones = read_table(spark, tombstone_target(schema.table)).where(~own)
-        states.append(tombstones.select(*version_cols, F.lit(True).alias("_tombstoned")))
+        if ranged:
+            tombstones = tombstones.where(key.between(F.lit(summary.keys[0]), F.lit(summary.keys[1])))
+        states.append(tombstones.select(*version_cols))
     if summary.tombstones and not rows_empty:
         rows_df = read_table(spark, schema.table.target)
         if ranged:
@@ -366,12 +368,4 @@ def _winners(
         tombstone_keys = valid_df.where(F.col("_tombstone")).select(*keys).distinct()
         states.append(rows_df.join(F.broadcast(tombstone_keys), keys, "left_semi").select(*version_cols))
     winners_df = latest_per_key(valid_df, keys, current_versions(keys, *states) if states else None)
-    if "_tombstoned" not in winners_df.columns:
-        winners_df = winners_df.withColumn("_tombstoned", F.lit(False))
-    winners_df = winners_df.localCheckpoint()
-    is_upsert = F.col("_op") == "upsert"
-    counted = winners_df.agg(
-        F.count(F.when(is_delete, 1)), F.count(F.when(is_upsert & F.col("_tombstoned"), 1))
-    ).first()
-    assert counted is not None
-    return _Winners(winners_df, rows, int(counted[0]), int(counted[1]), key_range)
+    return _Winners(winners_df.localCheckpoint(), rows, summary.deletes, key_range)

@@ -174,37 +174,8 @@ def append_rows(target: Target, winners_df: DataFrame, schema: TableSchema, comm
     return Applied(upserted=upserts.count())
 
 
-def merge_tombstones(
-    spark: SparkSession, target: Target, winners_df: DataFrame, schema: TableSchema, commit: Commit, rows: int
-) -> None:
-    """Retain the newest delete per key, and drop it once a newer upsert re-inserts the key.
-
-    ``winners_df`` needs only the deletes and the upserts of keys that have a retained delete (``rows`` of them).
-    """
-    is_delete, is_upsert = F.col("s._op") == "delete", F.col("s._op") == "upsert"
-    values = (
-        {f"`{k}`": F.col(f"s.`{k}`") for k in schema.table.keys}
-        | _provenance()
-        | {
-            "_deleted_at": F.current_timestamp(),
-            "_app_id": F.lit(commit.app_id),
-            "_batch_id": F.lit(commit.batch_id).cast("long"),
-        }
-    )
-    with idempotent(spark, commit):
-        (
-            delta_table(spark, target)
-            .alias("t")
-            .merge(_source(winners_df, rows).alias("s"), _on_keys(schema.table.keys))
-            .whenMatchedUpdate(condition=is_delete & _source_newer(), set=values)
-            .whenMatchedDelete(condition=is_upsert & _source_newer())
-            .whenNotMatchedInsert(condition=is_delete, values=values)
-            .execute()
-        )
-
-
 def append_tombstones(target: Target, winners_df: DataFrame, schema: TableSchema, commit: Commit) -> None:
-    """The bulk path, for a tombstone table that is still empty: append the deletes."""
+    """Retain the batch's winning deletes: an append to the tombstone log (see ``batch._winners``)."""
     deletes = winners_df.where(F.col("_op") == "delete")
     provenance = [F.col(src[2:]).alias(name) for name, src in _PROVENANCE_SOURCES]
     _append(
@@ -237,6 +208,13 @@ def _append(target: Target, rows_df: DataFrame, commit: Commit) -> None:
         writer.save(target.path)
     else:
         writer.saveAsTable(str(target.table))
+
+
+def delete_matching(spark: SparkSession, target: Target, rows_df: DataFrame, columns: tuple[str, ...]) -> int:
+    """Delete the rows of ``target`` equal to a row of ``rows_df`` on ``columns``; returns how many were deleted."""
+    on = _on_keys(columns)
+    metrics = delta_table(spark, target).alias("t").merge(rows_df.alias("s"), on).whenMatchedDelete().execute()
+    return _applied(metrics).deleted
 
 
 def delete_where(spark: SparkSession, target: Target, condition: str) -> int:

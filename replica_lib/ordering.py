@@ -42,14 +42,7 @@ def newer(
 
 
 def current_versions(keys: Sequence[str], *states: DataFrame) -> DataFrame:
-    """The greatest version per key among ``states`` (each: keys + ``_src_seq, _src_partition, _src_offset``).
-
-    A state may carry a boolean ``_tombstoned`` column (the retained deletes do); it passes through as
-    ``_cur_tombstoned``, saying whether the current version is a retained delete.
-    """
-    flagged = any("_tombstoned" in state.columns for state in states)
-    if flagged:
-        states = tuple(s if "_tombstoned" in s.columns else s.withColumn("_tombstoned", F.lit(False)) for s in states)
+    """The greatest version per key among ``states`` (each: keys + ``_src_seq, _src_partition, _src_offset``)."""
     union = states[0]
     for state in states[1:]:
         union = union.unionByName(state)
@@ -64,7 +57,6 @@ def current_versions(keys: Sequence[str], *states: DataFrame) -> DataFrame:
             F.col("_src_seq").alias("_cur_seq"),
             F.col("_src_partition").alias("_cur_partition"),
             F.col("_src_offset").alias("_cur_offset"),
-            *([F.col("_tombstoned").alias("_cur_tombstoned")] if flagged else []),
         )
     )
 
@@ -90,7 +82,7 @@ def latest_per_key(changes_df: DataFrame, keys: Sequence[str], current_df: DataF
     else:
         with_state = changes_df.join(current_df, list(keys), "left")
     inherited = F.greatest(F.max("_seq").over(before), F.col("_cur_seq"))
-    result = (
+    return (
         with_state.withColumn("_seq", F.when(F.col("_tombstone"), inherited).otherwise(F.col("_seq")))
         .withColumn("_rank", F.row_number().over(by_version))
         .where(F.col("_rank") == 1)
@@ -106,8 +98,3 @@ def latest_per_key(changes_df: DataFrame, keys: Sequence[str], current_df: DataF
         )
         .drop("_rank", "_cur_seq", "_cur_partition", "_cur_offset")
     )
-    if "_cur_tombstoned" in result.columns:
-        result = result.withColumn("_tombstoned", F.coalesce(F.col("_cur_tombstoned"), F.lit(False))).drop(
-            "_cur_tombstoned"
-        )
-    return result
