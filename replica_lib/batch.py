@@ -256,7 +256,7 @@ class _Winners:
 
 
 #: Records per partition of a batch: small batches run in one partition, as most of their cost is per task.
-RECORDS_PER_PARTITION = 50_000
+RECORDS_PER_PARTITION = 10_000
 
 
 BATCH_SIZING = "spark.replica.batchSizing"

@@ -151,8 +151,14 @@ def table_exists(spark: SparkSession, target: Target) -> bool:
     return bool(spark.catalog.tableExists(target.table))
 
 
-def ensure_table(spark: SparkSession, target: Target, schema: T.StructType, description: str) -> None:
-    """Create the Delta table if it does not exist; an existing one must have exactly ``schema``'s columns."""
+def ensure_table(
+    spark: SparkSession, target: Target, schema: T.StructType, description: str, deletion_vectors: bool = False
+) -> None:
+    """Create the Delta table if it does not exist; an existing one must have exactly ``schema``'s columns.
+
+    ``deletion_vectors``: for tables that MERGE updates in place (a replica table), so that a batch marks the rows
+    it replaces instead of rewriting their files. Append-only tables go without: their reads are cheaper.
+    """
     from delta.tables import DeltaTable
 
     if table_exists(spark, target):
@@ -169,7 +175,7 @@ def ensure_table(spark: SparkSession, target: Target, schema: T.StructType, desc
         return
     builder = DeltaTable.createIfNotExists(spark).addColumns(schema).comment(description)
     builder = builder.location(target.path) if target.path else builder.tableName(str(target.table))
-    builder = builder.property("delta.enableDeletionVectors", "true")
+    builder = builder.property("delta.enableDeletionVectors", "true" if deletion_vectors else "false")
     builder.execute()
     logger.info("created Delta table %s", target.describe())
 
@@ -179,7 +185,9 @@ def ensure_replica_tables(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, 
     schemas = {}
     for table in cfg.tables:
         schema = table_schema(table, cfg.source_file)
-        ensure_table(spark, table.target, schema.replica_schema, f"replica {cfg.name}: table {table.name}")
+        ensure_table(
+            spark, table.target, schema.replica_schema, f"replica {cfg.name}: table {table.name}", deletion_vectors=True
+        )
         ensure_table(
             spark,
             tombstone_target(table),
