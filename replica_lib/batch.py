@@ -15,6 +15,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -24,6 +25,7 @@ from pyspark.sql import types as T
 from replica_lib import decode
 from replica_lib.config import CrashPoint, ReplicaConfig, Target
 from replica_lib.merge import (
+    BROADCAST_ROWS,
     Commit,
     KeyRange,
     append_quarantine,
@@ -107,6 +109,7 @@ def make_batch_handler(
     """
     generations: dict[str, str] = {}
     filled: set[str] = set()  # tables known to hold data: they never need the emptiness check again
+    retained = _Retained()
 
     def empty(spark: SparkSession, target: Target) -> bool:
         if target.describe() in filled:
@@ -171,17 +174,9 @@ def make_batch_handler(
                 schema, table_app = schemas[table.name], app_id(cfg.name, table.name, generation)
                 rows_target, tombs_target = table.target, tombstone_target(table)
                 with stage(f"{table.name}: order"):
-                    rows_empty, tombs_empty = empty(spark, rows_target), empty(spark, tombs_target)
-                    winners = _winners(
-                        spark,
-                        changes[table.name],
-                        counts[table.name],
-                        schema,
-                        table_app,
-                        batch_id,
-                        rows_empty,
-                        tombs_empty,
-                    )
+                    rows_empty = empty(spark, rows_target)
+                    deletes = retained.of(spark, schema, table_app, batch_id)
+                    winners = _winners(spark, changes[table.name], counts[table.name], schema, deletes, rows_empty)
                 if winners is None:
                     continue
                 with stage(f"{table.name}: tombstones"):
@@ -189,7 +184,7 @@ def make_batch_handler(
                     if winners.deletes:
                         tombstone_commit = Commit(f"{table_app}:tombstones", batch_id, metadata)
                         append_tombstones(tombs_target, winners.df, schema, tombstone_commit)
-                        filled.add(tombs_target.describe())
+                        retained.add(table.name, winners.df, schema)
                 crash("after_tombstones", batch_id)
                 with stage(f"{table.name}: merge"):
                     table_commit = Commit(table_app, batch_id, metadata)
@@ -322,20 +317,63 @@ def is_empty(spark: SparkSession, target: Target) -> bool:
     return row is None or not row[0]
 
 
+class _Retained:
+    """Each table's retained deletes (keys and versions): read from Delta once, then kept up to date in memory.
+
+    The replica is the only writer that adds to its tombstone tables, so after the first read the deletes of its
+    own batches are all that is new; reading the table every batch would cost a Delta snapshot and file listing
+    (~0.5 s). Maintenance only drops deletes that no longer count, which do no harm here until the next start.
+    A batch's deletes join the state once their append is committed; every ``COMPACT_EVERY`` batches the state is
+    materialized again as one frame.
+    """
+
+    COMPACT_EVERY = 16
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[DataFrame]] = {}
+
+    def of(self, spark: SparkSession, schema: TableSchema, table_app: str, batch_id: int) -> DataFrame | None:
+        """The table's retained deletes as ``keys + _src_partition, _src_offset, _src_seq``; None if none."""
+        name = schema.table.name
+        if name not in self.parts:
+            # A re-run of this batch must not see the tombstones its first run wrote (see the module docstring).
+            own = (F.col("_app_id") == F.lit(f"{table_app}:tombstones")) & (F.col("_batch_id") == batch_id)
+            tombstones = read_table(spark, tombstone_target(schema.table)).where(~own)
+            self.parts[name] = [tombstones.select(*_version_columns(schema)).localCheckpoint()]
+        parts = self.parts[name]
+        return reduce(DataFrame.unionByName, parts) if parts else None
+
+    def add(self, name: str, winners_df: DataFrame, schema: TableSchema) -> None:
+        """Add the winning deletes of a batch whose tombstones are committed."""
+        keys = [F.col(f"`{k}`") for k in schema.table.keys]
+        deletes = winners_df.where(F.col("_op") == "delete").select(
+            *keys,
+            F.col("_partition").alias("_src_partition"),
+            F.col("_offset").alias("_src_offset"),
+            F.col("_seq").alias("_src_seq"),
+        )
+        parts = self.parts[name]
+        parts.append(deletes)
+        if len(parts) > self.COMPACT_EVERY:
+            self.parts[name] = [reduce(DataFrame.unionByName, parts).localCheckpoint()]
+
+
+def _version_columns(schema: TableSchema) -> list[str]:
+    return [*schema.table.keys, *PROVENANCE_COLUMNS[1:4]]  # keys, _src_partition, _src_offset, _src_seq
+
+
 def _winners(
     spark: SparkSession,
     changes_df: DataFrame,
     summary: _Summary,
     schema: TableSchema,
-    table_app: str,
-    batch_id: int,
+    retained_df: DataFrame | None,
     rows_empty: bool,
-    tombs_empty: bool,
 ) -> _Winners | None:
     """The changes of this batch that win and are newer than what the tables hold, one per key; None if none.
 
-    Changes are checked here against the retained deletes only (a small table, read in the batch's key range);
-    the MERGE checks them against the replica table's rows. The rows are read only for the keys of Kafka
+    Changes are checked here against the retained deletes only (``retained_df``, see :class:`_Retained`); the
+    MERGE checks them against the replica table's rows. The rows are read only for the keys of Kafka
     tombstones, which take the seq of the state they delete (the files in their key range, when data skipping
     allows).
 
@@ -345,7 +383,7 @@ def _winners(
     superseded ones (:func:`replica_lib.maintenance.compact_tombstones`).
     """
     keys = list(schema.table.keys)
-    version_cols = [*keys, *PROVENANCE_COLUMNS[1:4]]  # keys, _src_partition, _src_offset, _src_seq
+    version_cols = _version_columns(schema)
     valid_df = decode.valid(changes_df)
     key = F.col(f"`{keys[0]}`")
     rows = summary.valid
@@ -354,13 +392,11 @@ def _winners(
     ranged = len(keys) == 1 and isinstance(schema.key_schema.fields[0].dataType, _RANGE_TYPES)
     key_range = KeyRange(keys[0], *summary.keys) if ranged else None
     states = []
-    if not tombs_empty:
-        # A re-run of this batch must not see the tombstones its first run wrote (see the module docstring).
-        own = (F.col("_app_id") == F.lit(f"{table_app}:tombstones")) & (F.col("_batch_id") == batch_id)
-        tombstones = read_table(spark, tombstone_target(schema.table)).where(~own)
-        if ranged:
-            tombstones = tombstones.where(key.between(F.lit(summary.keys[0]), F.lit(summary.keys[1])))
-        states.append(tombstones.select(*version_cols))
+    if retained_df is not None:
+        batch_keys = valid_df.select(*keys).distinct()
+        if rows <= BROADCAST_ROWS:
+            batch_keys = F.broadcast(batch_keys)
+        states.append(retained_df.join(batch_keys, keys, "left_semi"))
     if summary.tombstones and not rows_empty:
         rows_df = read_table(spark, schema.table.target)
         if ranged:

@@ -311,9 +311,12 @@ def test_two_replicas_of_one_topic_converge(
 
 
 def test_seeded_random_run_equals_the_model(
-    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:
     """5,000+ events over 250 keys: shuffled seqs, duplicates, deletes, tombstones, random batch boundaries."""
+    from replica_lib import batch
+
+    monkeypatch.setattr(batch._Retained, "COMPACT_EVERY", 2)  # the in-memory retained deletes compact often
     rng = random.Random(20261121)
     topic = topic_factory(partitions=4)
     cfg = replica_config(
