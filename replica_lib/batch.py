@@ -157,15 +157,21 @@ def make_batch_handler(
             # Each stage is checkpointed locally: it truncates the plan, so later stages (and Delta's MERGE,
             # which plans its source several times) do not re-analyse the decoding expressions.
             with stage("decode"):
-                env_df = decode.envelopes(dedup(raw_df), cfg, schemas).localCheckpoint()
-                changes = {t.name: decode.table_changes(env_df, schemas[t.name]).localCheckpoint() for t in cfg.tables}
-                counts = _summaries(env_df, changes, schemas)
+                env_df = decode.envelopes(dedup(raw_df), cfg, schemas)
+                if len(cfg.tables) > 1:
+                    env_df = env_df.persist()  # each table's changes are read from it
+                # The first table's changes also hold the envelopes routed to no table (rejected).
+                changes = {
+                    t.name: decode.table_changes(env_df, schemas[t.name], unrouted=i == 0).localCheckpoint()
+                    for i, t in enumerate(cfg.tables)
+                }
+                env_df.unpersist()
+                counts = _summaries(changes, schemas)
                 stats.duplicates = stats.records - counts["envelopes"]
             with stage("quarantine"):
                 stats.quarantined = counts["rejected"]
                 if stats.quarantined:
-                    rejected = [env_df.where(F.col("_error").isNotNull() & F.col("_table").isNull())]
-                    rejected += [decode.rejected(changes_df) for changes_df in changes.values()]
+                    rejected = [decode.rejected(changes_df) for changes_df in changes.values()]
                     quarantine_app = app_id(cfg.name, "_quarantine", generation)
                     quarantine_df = quarantine_rows(_union(rejected), cfg.name, batch_id)
                     append_quarantine(cfg.quarantine, quarantine_df, Commit(quarantine_app, batch_id, metadata))
@@ -285,13 +291,9 @@ class _Summary:
     tombstone_keys: tuple[Any, Any]  # the same among the Kafka tombstones
 
 
-def _summaries(env_df: DataFrame, changes: dict[str, DataFrame], schemas: dict[str, TableSchema]) -> dict[str, Any]:
-    """Envelopes and rejected records of the batch, and a :class:`_Summary` per table."""
-    row = env_df.agg(
-        F.count(F.lit(1)), F.count(F.when(F.col("_error").isNotNull() & F.col("_table").isNull(), 1))
-    ).first()
-    assert row is not None
-    result: dict[str, Any] = {"envelopes": int(row[0]), "rejected": int(row[1])}
+def _summaries(changes: dict[str, DataFrame], schemas: dict[str, TableSchema]) -> dict[str, Any]:
+    """Envelopes and rejected records of the batch, and a :class:`_Summary` per table (one small job per table)."""
+    result: dict[str, Any] = {"envelopes": 0, "rejected": 0}
     for name, changes_df in changes.items():
         ok, is_delete = F.col("_error").isNull(), F.col("_op") == "delete"
         key = F.col(f"`{schemas[name].table.keys[0]}`")
@@ -304,8 +306,10 @@ def _summaries(env_df: DataFrame, changes: dict[str, DataFrame], schemas: dict[s
             F.max(F.when(ok, key)),
             F.min(F.when(ok & F.col("_tombstone"), key)),
             F.max(F.when(ok & F.col("_tombstone"), key)),
+            F.count(F.lit(1)),
         ).first()
         assert row is not None
+        result["envelopes"] += int(row[8])
         result[name] = _Summary(int(row[0]), int(row[1]), int(row[2]), int(row[3]), (row[4], row[5]), (row[6], row[7]))
         result["rejected"] += int(row[1])
     return result

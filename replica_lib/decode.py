@@ -203,12 +203,17 @@ def envelopes(raw_df: DataFrame, cfg: ReplicaConfig, schemas: dict[str, TableSch
     return reduce(DataFrame.unionByName, parts).select(*ENVELOPE_COLUMNS)
 
 
-def table_changes(env_df: DataFrame, schema: TableSchema) -> DataFrame:
-    """One table's envelopes with typed key and row columns; contract violations get an ``_error``."""
+def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False) -> DataFrame:
+    """One table's envelopes with typed key and row columns; contract violations get an ``_error``.
+
+    ``unrouted``: also take the envelopes routed to no table (they keep their envelope's ``_error``), so that one
+    table's changes hold every rejected envelope and the tables' changes together hold every envelope.
+    """
     table = schema.table
     keys = list(table.keys)
+    mine = F.col("_table") == table.name
     staged_df = (
-        env_df.where(F.col("_table") == table.name)
+        env_df.where(mine | F.col("_table").isNull() if unrouted else mine)
         .withColumn("_k", F.from_json(F.col("_key_json"), _with_corrupt(schema.key_schema), _PERMISSIVE))
         .withColumn("_d", F.from_json(F.col("_data_json"), _with_corrupt(schema.data), _PERMISSIVE))
     )
