@@ -62,6 +62,13 @@ def _raw(raw_df: DataFrame) -> DataFrame:
     )
 
 
+def _suspect(parsed: Column, *fields: str) -> Column:
+    """Whether a permissive parse may have met something other than a JSON object: the result is null or
+    corrupt, or all of ``fields`` are null (as they are for any non-object). Only such records are parsed again."""
+    absent = reduce(lambda a, b: a & b, [parsed[f].isNull() for f in fields])
+    return parsed.isNull() | parsed["_corrupt"].isNotNull() | absent
+
+
 def _first_error(*checks: tuple[Column, Column | str]) -> Column:
     """The message of the first check whose condition holds, else null."""
     expr = None
@@ -98,7 +105,8 @@ def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig]) -> DataFr
     error = _first_error(
         (F.col("_key").isNull(), "missing key: the Kafka record key is null"),
         (is_tombstone, _no_error()),
-        (F.json_object_keys(text).isNull(), "value is not a JSON object"),
+        # A second parse of the value, only for records whose envelope did not parse cleanly.
+        (_suspect(env, "op") & F.json_object_keys(text).isNull(), "value is not a JSON object"),
         (
             env["_corrupt"].isNotNull(),
             "envelope has a field of the wrong type (op and table are strings, seq and ts_ms integers)",
@@ -162,7 +170,7 @@ def debezium_envelopes(raw_df: DataFrame, table: TableConfig, data_columns: Sequ
     error = _first_error(
         (F.col("_key").isNull(), "missing key: the Kafka record key is null"),
         (is_tombstone, _no_error()),
-        (F.json_object_keys(text).isNull(), "value is not a JSON object"),
+        (_suspect(outer, "payload", "op") & F.json_object_keys(text).isNull(), "value is not a JSON object"),
         (payload["_corrupt"].isNotNull(), "Debezium payload has a field of the wrong type"),
         (dbz_op.isNull(), "missing op in the Debezium payload"),
         (
@@ -229,6 +237,8 @@ def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False
             for f in schema.data.fields
         ],
     )
+    # Which columns are mistyped: one JSON lookup per column, so only for the rows whose data did not parse.
+    staged_df = staged_df.withColumn("_bad", F.when(is_upsert & data_struct["_corrupt"].isNotNull(), bad_columns))
     key_missing = reduce(lambda a, b: a | b, [key_struct[k].isNull() for k in keys])
     key_differs = reduce(lambda a, b: a | b, [~key_struct[k].eqNullSafe(data_struct[k]) for k in keys])
     sequenced = table.sequence_by is not None
@@ -241,7 +251,8 @@ def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False
     error = _first_error(
         (F.col("_error").isNotNull(), F.col("_error")),
         (
-            F.json_object_keys(F.col("_key_json")).isNull(),
+            (key_struct.isNull() | key_struct["_corrupt"].isNotNull() | key_missing)
+            & F.json_object_keys(F.col("_key_json")).isNull(),
             f"key is not a JSON object of the key columns ({', '.join(keys)})",
         ),
         (
@@ -251,8 +262,8 @@ def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False
         ),
         (key_missing, f"key lacks a key column ({', '.join(keys)})"),
         (
-            is_upsert & data_struct["_corrupt"].isNotNull() & (bad_columns != ""),
-            F.concat(F.lit("data does not match the table schema: "), bad_columns),
+            F.col("_bad") != "",
+            F.concat(F.lit("data does not match the table schema: "), F.col("_bad")),
         ),
         (is_upsert & data_struct["_corrupt"].isNotNull(), "data is not a JSON object of the table's columns"),
         (is_upsert & key_differs, "the record key does not match the key columns in data"),
