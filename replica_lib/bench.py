@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 BENCH_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, updated_ms BIGINT, note STRING"
 DATA_COLUMNS = ("order_id", "customer", "amount", "status", "updated_ms", "note")
+FLOOR_ROWS, FLOOR_REPEATS = 100_000, 5
 CONTENDERS = ("ceiling", "naive", "peer", "ours")
 #: How the growth phase picks keys: uniformly over the table (every file touched), or among the newest keys.
 GROWTH_KEYS = ("uniform", "recent")
@@ -431,6 +432,37 @@ class Bench:
     def encoder(self, contender: str) -> Encoder:
         return self.peer.record if contender == "peer" else native_record
 
+    def floor(self, report: dict[str, Any]) -> None:
+        """What any batch pays on this machine whatever its size: the fixed cost the contenders build on.
+
+        Medians of ``FLOOR_REPEATS`` runs (after one warm-up) of a trivial Spark job, a 20-row Delta append and
+        a plain 20-row Delta MERGE into a 100,000-row table with deletion vectors, as a replica table has.
+        """
+        path = str(self.workdir / "floor" / "table")
+        prefill_rows(self.spark, FLOOR_ROWS, self.plan.value_bytes, 1).write.format("delta").option(
+            "delta.enableDeletionVectors", "true"
+        ).save(path)
+        changes = prefill_rows(self.spark, 20, self.plan.value_bytes, 1).withColumn("op", F.lit("upsert"))
+        changes = changes.localCheckpoint()
+        actions: dict[str, Callable[[], Any]] = {
+            "spark_job_s": lambda: self.spark.range(1).count(),
+            "delta_append_20_rows_s": lambda: changes.drop("op").write.format("delta").mode("append").save(path),
+            "delta_merge_20_rows_s": lambda: merge_naive(
+                self.spark, path, changes, "order_id", "order_id", list(DATA_COLUMNS)
+            ),
+        }
+        results = {}
+        for name, action in actions.items():
+            times = []
+            for _ in range(FLOOR_REPEATS + 1):
+                started = time.monotonic()
+                action()
+                times.append(time.monotonic() - started)
+            results[name] = _round(percentile(times[1:], 50))
+        logger.info("  floor: %s", results)
+        report["floor"] = results
+        shutil.rmtree(self.workdir / "floor", ignore_errors=True)
+
     def catch_up(self, report: dict[str, Any]) -> None:
         plan = self.plan
         events = workload(plan.keys, plan.events, plan.delete_share, plan.value_bytes, plan.seed)
@@ -635,7 +667,7 @@ def run_bench(spark: SparkSession, plan: BenchPlan, workdir: Path, bootstrap_ser
     }
     if bench.peer is not None:
         report["peer"] = bench.peer.describe()
-    phases: list[tuple[str, Callable[[dict[str, Any]], None]]] = [("catch_up", bench.catch_up)]
+    phases: list[tuple[str, Callable[[dict[str, Any]], None]]] = [("floor", bench.floor), ("catch_up", bench.catch_up)]
     if plan.fresh_seconds and plan.fresh_rate:
         phases.append(("freshness", bench.freshness))
     if plan.growth_rows and "ours" in plan.contenders:
@@ -689,6 +721,9 @@ def summary_lines(report: dict[str, Any]) -> Iterator[str]:
             f"{name:<14}{c.get('events_per_s', 0):>10.0f}{cell(c.get('batch_p50_s')):>11}"
             f"{cell(c.get('batch_p99_s')):>11}{cell(f.get('fresh_p50_s')):>11}{cell(f.get('fresh_p99_s')):>11}"
         )
+    floor = report.get("floor")
+    if floor:
+        yield "fixed cost on this machine (p50): " + ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in floor.items())
     stages = catch.get("ours", {}).get("stages_p50_s")
     if stages:
         yield "ours, one catch-up batch (p50): " + ", ".join(f"{k} {v:.2f}s" for k, v in stages.items())

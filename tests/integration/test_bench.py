@@ -44,6 +44,9 @@ def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, st
 
     (report_path,) = out.glob("bench-*.json")
     report = json.loads(report_path.read_text())
+    assert set(report["floor"]) == {"spark_job_s", "delta_append_20_rows_s", "delta_merge_20_rows_s"}
+    assert all(seconds > 0 for seconds in report["floor"].values())
+    assert "fixed cost on this machine" in proc.stdout
     catch_up = report["catch_up"]
     assert set(catch_up) == {"ceiling", "naive", "peer", "ours", "ceiling_bulk", "rebuild"}
     for name, run in catch_up.items():
