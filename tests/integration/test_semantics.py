@@ -390,6 +390,39 @@ def test_retained_deletes_are_purged_only_when_expired_and_gone_from_the_log(
     assert sorted(rows_by_key(spark, cfg)) == [3]
 
 
+def test_maintenance_runs_beside_the_replica(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    """Compaction deletes from the tombstone table while the replica appends to it: neither fails nor loses a delete."""
+    from dataclasses import replace
+
+    from replica_lib.config import TriggerConfig
+    from replica_lib.stream import start_replica
+
+    topic = topic_factory(partitions=2)
+    cfg = replica_config(
+        tmp_path, connection["bootstrap.servers"], "beside", {"orders": orders_table(topic)}, max_offsets_per_trigger=30
+    )
+    cfg = replace(cfg, trigger=TriggerConfig(available_now=False, interval="0 seconds"))
+    tombstones = tombstone_target(cfg.table("orders"))
+    log: list[LoggedChange] = []
+    query = start_replica(spark, cfg)
+    try:
+        for seq in range(1, 8):  # every key deleted at odd seqs, upserted at even ones: each round supersedes the last
+            log += produce(
+                connection, topic, [delete(k, seq) if seq % 2 else upsert(k, seq, f"s{seq}") for k in range(40)]
+            )
+            compact_tombstones(spark, cfg.table("orders"))  # while the replica applies its batches
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert_matches_model(spark, cfg, log)
+    assert rows_by_key(spark, cfg) == {}
+    compact_tombstones(spark, cfg.table("orders"))
+    retained = read_table(spark, tombstones).collect()
+    assert sorted((r["order_id"], r["_src_seq"]) for r in retained) == [(k, 7) for k in range(40)]
+
+
 def test_a_new_checkpoint_is_never_skipped_by_the_old_app_id(
     spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
 ) -> None:
