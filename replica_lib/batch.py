@@ -336,16 +336,15 @@ class _Retained:
     def __init__(self) -> None:
         self.parts: dict[str, list[DataFrame]] = {}
 
-    def of(self, spark: SparkSession, schema: TableSchema, table_app: str, batch_id: int) -> DataFrame | None:
-        """The table's retained deletes as ``keys + _src_partition, _src_offset, _src_seq``; None if none."""
+    def of(self, spark: SparkSession, schema: TableSchema, table_app: str, batch_id: int) -> DataFrame:
+        """The table's retained deletes as ``keys + _src_partition, _src_offset, _src_seq``."""
         name = schema.table.name
         if name not in self.parts:
             # A re-run of this batch must not see the tombstones its first run wrote (see the module docstring).
             own = (F.col("_app_id") == F.lit(f"{table_app}:tombstones")) & (F.col("_batch_id") == batch_id)
             tombstones = read_table(spark, tombstone_target(schema.table)).where(~own)
             self.parts[name] = [tombstones.select(*_version_columns(schema)).localCheckpoint()]
-        parts = self.parts[name]
-        return reduce(DataFrame.unionByName, parts) if parts else None
+        return reduce(DataFrame.unionByName, self.parts[name])
 
     def add(self, name: str, winners_df: DataFrame, schema: TableSchema) -> None:
         """Add the winning deletes of a batch whose tombstones are committed."""
@@ -371,7 +370,7 @@ def _winners(
     changes_df: DataFrame,
     summary: _Summary,
     schema: TableSchema,
-    retained_df: DataFrame | None,
+    retained_df: DataFrame,
     rows_empty: bool,
 ) -> _Winners | None:
     """The changes of this batch that win and are newer than what the tables hold, one per key; None if none.
@@ -395,17 +394,15 @@ def _winners(
         return None
     ranged = len(keys) == 1 and isinstance(schema.key_schema.fields[0].dataType, _RANGE_TYPES)
     key_range = KeyRange(keys[0], *summary.keys) if ranged else None
-    states = []
-    if retained_df is not None:
-        batch_keys = valid_df.select(*keys).distinct()
-        if rows <= BROADCAST_ROWS:
-            batch_keys = F.broadcast(batch_keys)
-        states.append(retained_df.join(batch_keys, keys, "left_semi"))
+    batch_keys = valid_df.select(*keys).distinct()
+    if rows <= BROADCAST_ROWS:
+        batch_keys = F.broadcast(batch_keys)
+    states = [retained_df.join(batch_keys, keys, "left_semi")]
     if summary.tombstones and not rows_empty:
         rows_df = read_table(spark, schema.table.target)
         if ranged:
             rows_df = rows_df.where(key.between(F.lit(summary.tombstone_keys[0]), F.lit(summary.tombstone_keys[1])))
         tombstone_keys = valid_df.where(F.col("_tombstone")).select(*keys).distinct()
         states.append(rows_df.join(F.broadcast(tombstone_keys), keys, "left_semi").select(*version_cols))
-    winners_df = latest_per_key(valid_df, keys, current_versions(keys, *states) if states else None)
+    winners_df = latest_per_key(valid_df, keys, current_versions(keys, *states))
     return _Winners(winners_df.localCheckpoint(), rows, summary.deletes, key_range)

@@ -56,3 +56,7 @@ class CheckpointError(ReplicaError):
 
 class DataLossError(ReplicaError):
     """The log no longer holds records this replica has not applied yet; says what is missing and how to rebuild."""
+
+
+class MaintenanceError(ReplicaError):
+    """Maintenance could not finish a table (e.g. it kept conflicting with the running replica); says what to do."""

@@ -20,13 +20,16 @@ tombstone table is then bounded by the number of deleted keys, never by the numb
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from replica_lib.config import ReplicaConfig, TableConfig
+from replica_lib.errors import MaintenanceError
 from replica_lib.merge import delete_matching, delete_where
 from replica_lib.ordering import current_versions, newer
 from replica_lib.target import PROVENANCE_COLUMNS, read_table, tombstone_target
@@ -57,16 +60,39 @@ def purge_tombstones(
     purged = {}
     for table in cfg.tables:
         condition = purge_condition({table.topic: admin.earliest_offsets(table.topic)}, cutoff)
-        purged[table.name] = delete_where(spark, tombstone_target(table), condition) if condition else 0
+        target = tombstone_target(table)
+        purge = partial(delete_where, spark, target, condition or "")
+        purged[table.name] = _retrying(f"purging {target.describe()}", purge) if condition else 0
         logger.info("replica %s table %s: purged %d retained deletes", cfg.name, table.name, purged[table.name])
     return purged
+
+
+#: How many times maintenance tries a delete that the running replica's appends keep conflicting with.
+ATTEMPTS = 10
+
+
+def _retrying(what: str, action: Callable[[], int]) -> int:
+    """Run a delete from a tombstone table, again when the replica appended to it meanwhile (Delta refuses it)."""
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return action()
+        except Exception as exc:
+            if "DELTA_CONCURRENT_APPEND" not in str(exc):
+                raise
+            logger.info(
+                "%s: the replica appended retained deletes meanwhile (attempt %d of %d)", what, attempt, ATTEMPTS
+            )
+    raise MaintenanceError(
+        f"{what}: the running replica appended retained deletes during each of {ATTEMPTS} attempts; "
+        "run maintenance again, ideally when the replica has fewer deletes to apply"
+    )
 
 
 def compact_tombstones(spark: SparkSession, table: TableConfig) -> int:
     """Drop a table's retained deletes that a newer delete or the live row of their key supersedes.
 
-    Safe while the replica runs: its tombstone writes are blind appends, which never conflict with this delete,
-    and a row it removes meanwhile is removed by a newer delete, which is retained.
+    It may run beside the replica: a row the replica removes meanwhile is removed by a newer delete, which is
+    retained; when the replica appends deletes during the MERGE, Delta refuses it and it runs again.
     """
     keys = list(table.keys)
     version_cols = [*keys, *PROVENANCE_COLUMNS[1:4]]  # keys, _src_partition, _src_offset, _src_seq
@@ -84,7 +110,11 @@ def compact_tombstones(spark: SparkSession, table: TableConfig) -> int:
         )
     )
     identity = (*keys, "_src_topic", "_src_partition", "_src_offset")
-    return delete_matching(spark, tombstone_target(table), superseded.select(*identity).distinct(), identity)
+    target = tombstone_target(table)
+    return _retrying(
+        f"compacting {target.describe()}",
+        lambda: delete_matching(spark, target, superseded.select(*identity).distinct(), identity),
+    )
 
 
 @dataclass(frozen=True)
