@@ -36,7 +36,7 @@ from replica_lib.merge import (
 )
 from replica_lib.ordering import current_versions, dedup, latest_per_key
 from replica_lib.progress import batch_end_offsets, checkpoint_generation
-from replica_lib.target import PROVENANCE_COLUMNS, TableSchema, read_table, tombstone_target
+from replica_lib.target import TableSchema, read_table, tombstone_target, version_columns
 
 logger = logging.getLogger(__name__)
 
@@ -343,7 +343,7 @@ class _Retained:
             # A re-run of this batch must not see the tombstones its first run wrote (see the module docstring).
             own = (F.col("_app_id") == F.lit(f"{table_app}:tombstones")) & (F.col("_batch_id") == batch_id)
             tombstones = read_table(spark, tombstone_target(schema.table)).where(~own)
-            self.parts[name] = [tombstones.select(*_version_columns(schema)).localCheckpoint()]
+            self.parts[name] = [tombstones.select(*version_columns(schema.table.keys)).localCheckpoint()]
         return reduce(DataFrame.unionByName, self.parts[name])
 
     def add(self, name: str, winners_df: DataFrame, schema: TableSchema) -> None:
@@ -359,10 +359,6 @@ class _Retained:
         parts.append(deletes)
         if len(parts) > self.COMPACT_EVERY:
             self.parts[name] = [reduce(DataFrame.unionByName, parts).localCheckpoint()]
-
-
-def _version_columns(schema: TableSchema) -> list[str]:
-    return [*schema.table.keys, *PROVENANCE_COLUMNS[1:4]]  # keys, _src_partition, _src_offset, _src_seq
 
 
 def _winners(
@@ -386,7 +382,7 @@ def _winners(
     superseded ones (:func:`replica_lib.maintenance.compact_tombstones`).
     """
     keys = list(schema.table.keys)
-    version_cols = _version_columns(schema)
+    version_cols = version_columns(schema.table.keys)
     valid_df = decode.valid(changes_df)
     key = F.col(f"`{keys[0]}`")
     rows = summary.valid

@@ -32,7 +32,7 @@ from replica_lib.config import ReplicaConfig, TableConfig
 from replica_lib.errors import MaintenanceError
 from replica_lib.merge import delete_matching, delete_where
 from replica_lib.ordering import current_versions, newer
-from replica_lib.target import PROVENANCE_COLUMNS, read_table, tombstone_target
+from replica_lib.target import read_table, tombstone_target, version_columns
 from replica_lib.topics import TopicAdmin
 
 logger = logging.getLogger(__name__)
@@ -60,9 +60,11 @@ def purge_tombstones(
     purged = {}
     for table in cfg.tables:
         condition = purge_condition({table.topic: admin.earliest_offsets(table.topic)}, cutoff)
-        target = tombstone_target(table)
-        purge = partial(delete_where, spark, target, condition or "")
-        purged[table.name] = _retrying(f"purging {target.describe()}", purge) if condition else 0
+        target, purged[table.name] = tombstone_target(table), 0
+        if condition:
+            purged[table.name] = _retrying(
+                f"purging {target.describe()}", partial(delete_where, spark, target, condition)
+            )
         logger.info("replica %s table %s: purged %d retained deletes", cfg.name, table.name, purged[table.name])
     return purged
 
@@ -95,7 +97,7 @@ def compact_tombstones(spark: SparkSession, table: TableConfig) -> int:
     retained; when the replica appends deletes during the MERGE, Delta refuses it and it runs again.
     """
     keys = list(table.keys)
-    version_cols = [*keys, *PROVENANCE_COLUMNS[1:4]]  # keys, _src_partition, _src_offset, _src_seq
+    version_cols = version_columns(table.keys)
     tombstones = read_table(spark, tombstone_target(table))
     rows = read_table(spark, table.target)
     latest = current_versions(keys, tombstones.select(*version_cols), rows.select(*version_cols))

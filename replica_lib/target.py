@@ -25,6 +25,12 @@ PROVENANCE = T.StructType(
 )
 PROVENANCE_COLUMNS = tuple(field.name for field in PROVENANCE.fields)
 
+
+def version_columns(keys: tuple[str, ...]) -> list[str]:
+    """A row's or retained delete's key and version: ``keys + _src_partition, _src_offset, _src_seq``."""
+    return [*keys, *PROVENANCE_COLUMNS[1:4]]
+
+
 #: Extra columns of a tombstone row (besides keys and provenance).
 TOMBSTONE_EXTRA = T.StructType(
     [
