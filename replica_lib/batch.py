@@ -1,19 +1,23 @@
-"""The foreachBatch handler: dedup -> decode -> order -> MERGE, exactly once per batch.
+"""The foreachBatch handler: decode -> order (and dedup) -> MERGE, exactly once per batch.
 
-Per table, the batch's winning deletes are appended to the tombstone table before the replica table is merged.
-If a crash lands between the two, Spark re-runs the batch: Delta skips the write already committed (same
+Per table, the batch's winning deletes are appended to the tombstone table and the replica table is merged. If
+a crash lands between the two commits, Spark re-runs the batch: Delta skips the write already committed (same
 ``txnAppId`` and batch id), and the current state read for ordering ignores the tombstones that this very batch
-wrote, so the re-run decides exactly what the first run decided.
+wrote, so the re-run decides exactly what the first run decided. Only Kafka tombstones read the replica table's
+rows (they take the seq of the state they delete), so a batch holding some appends its tombstones first; any
+other batch makes the two writes at once, as the winners do not depend on which of them committed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
 import time
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
@@ -21,6 +25,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.util import inheritable_thread_target
 
 from replica_lib import decode
 from replica_lib.config import CrashPoint, ReplicaConfig, Target
@@ -34,7 +39,7 @@ from replica_lib.merge import (
     delta_table,
     merge_rows,
 )
-from replica_lib.ordering import current_versions, dedup, latest_per_key
+from replica_lib.ordering import current_versions, latest_per_key
 from replica_lib.progress import batch_end_offsets, checkpoint_generation
 from replica_lib.target import TableSchema, read_table, tombstone_target, version_columns
 
@@ -54,7 +59,6 @@ class BatchStats:
 
     batch_id: int
     records: int = 0
-    duplicates: int = 0
     upserts: int = 0
     deletes: int = 0
     quarantined: int = 0
@@ -67,8 +71,8 @@ class BatchStats:
             f"{t}:{','.join(f'{p}={o}' for p, o in sorted(parts.items()))}" for t, parts in sorted(self.offsets.items())
         )
         return (
-            f"replica {replica} batch {self.batch_id}: {self.records} records in, {self.duplicates} duplicates "
-            f"dropped, {self.upserts} upserts, {self.deletes} deletes, {self.quarantined} quarantined, "
+            f"replica {replica} batch {self.batch_id}: {self.records} records in, {self.upserts} upserts, "
+            f"{self.deletes} deletes, {self.quarantined} quarantined, "
             f"{self.seconds:.2f}s ({', '.join(f'{k} {v:.2f}s' for k, v in self.stages.items()) or '-'}), "
             f"offsets {ends or '-'}"
         )
@@ -110,6 +114,7 @@ def make_batch_handler(
     generations: dict[str, str] = {}
     filled: set[str] = set()  # tables known to hold data: they never need the emptiness check again
     retained = _Retained()
+    writer = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"replica-{cfg.name}-tombstones")
 
     def empty(spark: SparkSession, target: Target) -> bool:
         if target.describe() in filled:
@@ -145,53 +150,61 @@ def make_batch_handler(
 
         crash("before_batch", batch_id)
         stage = _Stages(spark, stats, f"replica {cfg.name} batch {batch_id}")
-        raw_df = batch_df.persist()
-        try:
-            with stage("read"):
-                stats.records = raw_df.count()
-            if stats.records == 0:
-                stats.seconds = time.monotonic() - started
-                logger.info(stats.line(cfg.name))
-                return
-            _size_for(spark, stats.records)
-            # Each stage is checkpointed locally: it truncates the plan, so later stages (and Delta's MERGE,
-            # which plans its source several times) do not re-analyse the decoding expressions.
-            with stage("decode"):
-                env_df = decode.envelopes(dedup(raw_df), cfg, schemas)
-                if len(cfg.tables) > 1:
-                    env_df = env_df.persist()  # each table's changes are read from it
-                # The first table's changes also hold the envelopes routed to no table (rejected).
-                changes = {
-                    t.name: decode.table_changes(env_df, schemas[t.name], unrouted=i == 0).localCheckpoint()
-                    for i, t in enumerate(cfg.tables)
-                }
-                env_df.unpersist()
-                counts = _summaries(changes, schemas)
-                stats.duplicates = stats.records - counts["envelopes"]
-            with stage("quarantine"):
-                stats.quarantined = counts["rejected"]
-                if stats.quarantined:
-                    rejected = [decode.rejected(changes_df) for changes_df in changes.values()]
-                    quarantine_app = app_id(cfg.name, "_quarantine", generation)
-                    quarantine_df = quarantine_rows(_union(rejected), cfg.name, batch_id)
-                    append_quarantine(cfg.quarantine, quarantine_df, Commit(quarantine_app, batch_id, metadata))
-            crash("after_quarantine", batch_id)
-            for table in cfg.tables:
-                schema, table_app = schemas[table.name], app_id(cfg.name, table.name, generation)
-                rows_target, tombs_target = table.target, tombstone_target(table)
-                with stage(f"{table.name}: order"):
-                    rows_empty = empty(spark, rows_target)
-                    deletes = retained.of(spark, schema, table_app, batch_id)
-                    winners = _winners(spark, changes[table.name], counts[table.name], schema, deletes, rows_empty)
-                if winners is None:
-                    continue
-                with stage(f"{table.name}: tombstones"):
-                    # An append (no MERGE): a key's newest retained delete is the one that counts (see _winners).
-                    if winners.deletes:
-                        tombstone_commit = Commit(f"{table_app}:tombstones", batch_id, metadata)
-                        append_tombstones(tombs_target, winners.df, schema, tombstone_commit)
-                        retained.add(table.name, winners.df, schema)
-                crash("after_tombstones", batch_id)
+        # Each stage is checkpointed locally: it truncates the plan, so later stages (and Delta's MERGE, which
+        # plans its source several times) do not re-analyse the decoding expressions; the batch's records are read
+        # from Kafka once, by the decode.
+        with stage("decode"):
+            env_df = decode.envelopes(batch_df, cfg, schemas)
+            if len(cfg.tables) > 1:
+                env_df = env_df.persist()  # each table's changes are read from it
+            # The first table's changes also hold the envelopes routed to no table (rejected).
+            changes = {
+                t.name: decode.table_changes(env_df, schemas[t.name], unrouted=i == 0).localCheckpoint()
+                for i, t in enumerate(cfg.tables)
+            }
+            env_df.unpersist()
+            counts = _summaries(changes, schemas)
+            stats.records = counts["envelopes"]
+        if stats.records == 0:
+            stats.seconds = time.monotonic() - started
+            logger.info(stats.line(cfg.name))
+            return
+        _size_for(spark, stats.records)
+        with stage("quarantine"):
+            stats.quarantined = counts["rejected"]
+            if stats.quarantined:
+                rejected = _union([decode.rejected(changes_df) for changes_df in changes.values()])
+                quarantine_app = app_id(cfg.name, "_quarantine", generation)
+                quarantine_df = quarantine_rows(rejected.dropDuplicates(_COORDINATES), cfg.name, batch_id)
+                append_quarantine(cfg.quarantine, quarantine_df, Commit(quarantine_app, batch_id, metadata))
+        crash("after_quarantine", batch_id)
+        for table in cfg.tables:
+            schema, table_app = schemas[table.name], app_id(cfg.name, table.name, generation)
+            rows_target = table.target
+            with stage(f"{table.name}: order"):
+                rows_empty = empty(spark, rows_target)
+                deletes = retained.of(spark, schema, table_app, batch_id)
+                winners = _winners(spark, changes[table.name], counts[table.name], schema, deletes, rows_empty)
+            if winners is None:
+                continue
+            tombstones = functools.partial(
+                _append_tombstones,
+                stage,
+                table.name,
+                tombstone_target(table),
+                winners,
+                schema,
+                Commit(f"{table_app}:tombstones", batch_id, metadata),
+                functools.partial(crash, "after_tombstones", batch_id),
+            )
+            beside = None
+            if winners.deletes and not counts[table.name].tombstones:
+                # Beside the MERGE: without Kafka tombstones, a re-run decides the same winners whichever of
+                # the two writes committed (module docstring).
+                beside = writer.submit(inheritable_thread_target(spark)(tombstones))
+            else:
+                tombstones()
+            try:
                 with stage(f"{table.name}: merge"):
                     table_commit = Commit(table_app, batch_id, metadata)
                     if rows_empty:
@@ -200,11 +213,16 @@ def make_batch_handler(
                         applied = merge_rows(
                             spark, rows_target, winners.df, schema, table_commit, winners.rows, winners.key_range
                         )
-                stats.upserts += applied.upserted
-                stats.deletes += winners.count_deletes() if rows_empty else applied.deleted
-            crash("after_commit", batch_id)
-        finally:
-            raw_df.unpersist()
+            finally:
+                if beside is not None:
+                    futures.wait([beside])
+            if beside is not None:
+                beside.result()
+            if winners.deletes:
+                retained.add(table.name, winners.df, schema)
+            stats.upserts += applied.upserted
+            stats.deletes += winners.count_deletes() if rows_empty else applied.deleted
+        crash("after_commit", batch_id)
         stats.seconds = time.monotonic() - started
         logger.info(stats.line(cfg.name))
         if on_batch is not None:
@@ -228,6 +246,25 @@ class _Stages:
         finally:
             self.spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
             self.stats.stages[name] = self.stats.stages.get(name, 0.0) + time.monotonic() - started
+
+
+def _append_tombstones(
+    stage: _Stages,
+    name: str,
+    target: Target,
+    winners: _Winners,
+    schema: TableSchema,
+    commit: Commit,
+    then: Callable[[], None],
+) -> None:
+    """Append the batch's winning deletes to the table's tombstone log (an append: see :func:`_winners`)."""
+    with stage(f"{name}: tombstones"):
+        if winners.deletes:
+            append_tombstones(target, winners.df, schema, commit)
+    then()
+
+
+_COORDINATES = ["_topic", "_partition", "_offset"]  # a record's place in the log: copies of a record share it
 
 
 def _union(frames: list[DataFrame]) -> DataFrame:

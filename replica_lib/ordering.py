@@ -1,10 +1,15 @@
-"""Deduplicate by log coordinates, then keep one winning change per key.
+"""One winning change per key, by version: this also drops records delivered twice.
 
 The order of changes (DESIGN.md §3): a change's *version* is ``(seq, partition, offset)``; the greatest wins, and
 a change never overwrites a state of greater or equal version. Without a sequence (``sequence_by`` unset) every
 seq is null, so the version is the log position. A Kafka tombstone carries no seq: it deletes the key *at its
 place in the log*, taking the seq of the state it deletes (the table's, or that of the latest change before it
 in the same batch), so a change with a greater seq, or an equal seq later in the log, comes after it.
+
+Deduplication by log coordinates (topic, partition, offset) needs no step of its own: copies of one record have
+the same key and the same version, so the ranking keeps one of them, and a copy changes neither what wins nor the
+seq a Kafka tombstone inherits. Across batches, a record delivered again meets a state of equal version and is
+not applied (see :func:`newer`).
 """
 
 from __future__ import annotations
@@ -15,12 +20,6 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 _MIN_SEQ = -(2**63)
-COORDINATES = ("topic", "partition", "offset")
-
-
-def dedup(raw_df: DataFrame) -> DataFrame:
-    """Drop records delivered twice (same topic, partition and offset)."""
-    return raw_df.dropDuplicates(list(COORDINATES))
 
 
 def newer(

@@ -14,6 +14,7 @@ from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from replica_lib import stream
 from replica_lib.config import ReplicaConfig
 from replica_lib.maintenance import compact_tombstones
 from replica_lib.model import LoggedChange
@@ -108,6 +109,39 @@ def test_ordering_deletes_and_duplicates_across_batches(
     run_available_now(spark, cfg)  # all older than what counts for their key: nothing changes
     assert_matches_model(spark, cfg, log)
     assert rows_by_key(spark, cfg) == rows
+
+
+def test_records_delivered_twice_in_a_batch_are_applied_once(
+    spark: SparkSession,
+    connection: dict[str, str],
+    topic_factory: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every batch handed to the handler holds each record twice: the tables must be as if it held them once."""
+    make_handler = stream.make_batch_handler
+
+    def doubling(*args: Any, **kwargs: Any) -> Any:
+        handle = make_handler(*args, **kwargs)
+        return lambda batch_df, batch_id: handle(batch_df.unionAll(batch_df), batch_id)
+
+    monkeypatch.setattr(stream, "make_batch_handler", doubling)
+    topic = topic_factory(partitions=2)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "twice", {"orders": orders_table(topic)})
+    log = produce(
+        connection,
+        topic,
+        [upsert(1, 1, "a"), upsert(1, 2, "b"), delete(2, 3), upsert(3, 1, "c"), tombstone(3), upsert(4, 1, "d")],
+    )
+    produce_raw(connection, topic, [(b'{"order_id": 9}', b"not json")])
+    run_available_now(spark, cfg)
+    log += produce(connection, topic, [upsert(4, 2, "e"), delete(1, 3), upsert(2, 1, "late")])
+    run_available_now(spark, cfg)
+
+    assert_matches_model(spark, cfg, log)
+    assert read_table(spark, cfg.quarantine).count() == 1
+    tombstones = read_table(spark, tombstone_target(cfg.table("orders")))
+    assert sorted(r["order_id"] for r in tombstones.collect()) == [1, 2, 3]
 
 
 def test_rerun_of_a_committed_batch_changes_nothing(
