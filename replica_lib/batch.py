@@ -46,6 +46,9 @@ from replica_lib.target import TableSchema, read_table, tombstone_target, versio
 logger = logging.getLogger(__name__)
 
 BatchHandler = Callable[[DataFrame, int], None]
+#: Threads for the writes that run beside a batch's MERGE, shared by the replicas of the process: a handler waits
+#: for its own before it returns, so a batch never leaves a write behind.
+_BESIDE = futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="replica-beside")
 STOP_MARKER = "replica stop requested"
 
 
@@ -114,7 +117,6 @@ def make_batch_handler(
     generations: dict[str, str] = {}
     filled: set[str] = set()  # tables known to hold data: they never need the emptiness check again
     retained = _Retained()
-    writer = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"replica-{cfg.name}-tombstones")
 
     def empty(spark: SparkSession, target: Target) -> bool:
         if target.describe() in filled:
@@ -201,7 +203,7 @@ def make_batch_handler(
             if winners.deletes and not counts[table.name].tombstones:
                 # Beside the MERGE: without Kafka tombstones, a re-run decides the same winners whichever of
                 # the two writes committed (module docstring).
-                beside = writer.submit(inheritable_thread_target(spark)(tombstones))
+                beside = _BESIDE.submit(inheritable_thread_target(spark)(tombstones))
             else:
                 tombstones()
             try:

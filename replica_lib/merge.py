@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 _TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+_MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 
 
 @dataclass(frozen=True)
@@ -41,16 +42,21 @@ class Commit:
 
 
 @contextlib.contextmanager
-def idempotent(spark: SparkSession, commit: Commit) -> Iterator[None]:
-    """Session confs that make the DML inside an idempotent Delta write carrying the commit's metadata."""
-    spark.conf.set(_TXN_APP_ID, commit.app_id)
-    spark.conf.set(_TXN_VERSION, str(commit.batch_id))
-    spark.conf.set(_USER_METADATA, commit.user_metadata())
+def _session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
+    for key, value in confs.items():
+        spark.conf.set(key, value)
     try:
         yield
     finally:
-        for key in (_TXN_APP_ID, _TXN_VERSION, _USER_METADATA):
+        for key in confs:
             spark.conf.unset(key)
+
+
+def idempotent(spark: SparkSession, commit: Commit) -> contextlib.AbstractContextManager[None]:
+    """Session confs that make the DML inside an idempotent Delta write carrying the commit's metadata."""
+    return _session_confs(
+        spark, {_TXN_APP_ID: commit.app_id, _TXN_VERSION: str(commit.batch_id), _USER_METADATA: commit.user_metadata()}
+    )
 
 
 def delta_table(spark: SparkSession, target: Target) -> Any:
@@ -145,6 +151,7 @@ def merge_rows(
 ) -> Applied:
     """Apply one winning change per key to the replica table: newer deletes delete, newer upserts upsert.
 
+    ``winners_df`` must be materialized (a local checkpoint): the MERGE reads it twice and does not copy it.
     ``rows`` is the number of winners; ``key_range`` (optional) bounds the files the MERGE reads.
     """
     is_delete, is_upsert = F.col("s._op") == "delete", F.col("s._op") == "upsert"
@@ -152,7 +159,9 @@ def merge_rows(
     on = _on_keys(schema.table.keys)
     if key_range is not None:
         on = on & key_range.condition()
-    with idempotent(spark, commit):
+    # The winners are materialized already (a local checkpoint, the same rows however often it is read); Delta
+    # would otherwise copy them once more (to disk), as it does for any MERGE source that is not a Delta table.
+    with idempotent(spark, commit), _session_confs(spark, {_MATERIALIZE_SOURCE: "none"}):
         metrics = (
             delta_table(spark, target)
             .alias("t")
