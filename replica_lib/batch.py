@@ -161,7 +161,7 @@ def make_batch_handler(
                 env_df = env_df.persist()  # each table's changes are read from it
             # The first table's changes also hold the envelopes routed to no table (rejected).
             changes = {
-                t.name: decode.table_changes(env_df, schemas[t.name], unrouted=i == 0).localCheckpoint()
+                t.name: decode.table_changes(env_df, schemas[t.name], i == 0, len(cfg.tables) == 1).localCheckpoint()
                 for i, t in enumerate(cfg.tables)
             }
             env_df.unpersist()

@@ -94,10 +94,34 @@ def _route(tables: Sequence[TableConfig], named: Column) -> tuple[Column, Column
     return table, error
 
 
-def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig]) -> DataFrame:
-    """Envelopes of the native format (DESIGN.md §3)."""
+def typed_data_column(table: str) -> str:
+    """The envelope column that holds a table's rows already typed (see :func:`native_envelopes`)."""
+    return f"_typed_data:{table}"
+
+
+def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig], data: T.StructType | None = None) -> DataFrame:
+    """Envelopes of the native format (DESIGN.md §3).
+
+    ``data``: the schema of the rows of a topic that carries one table. The value is then parsed once with the row
+    typed inside it, into the column :func:`typed_data_column`; only a record that this parse does not take cleanly
+    is parsed again as before (envelope first, its ``data`` as text for :func:`table_changes`), so that every
+    rejected record gets the same reason either way.
+    """
     text = F.col("_value").cast("string")
-    parsed_df = _raw(raw_df).withColumn("_env", F.from_json(text, NATIVE_ENVELOPE, _PERMISSIVE))
+    parsed_df = _raw(raw_df)
+    if data is not None:
+        parsed_df = parsed_df.withColumn("_typed", F.from_json(text, _typed_envelope(data), _PERMISSIVE))
+        typed = F.col("_typed")
+        clean: Column = typed.isNotNull() & typed["_corrupt"].isNull() & typed["op"].isNotNull()
+        fields = [typed[f].alias(f) for f in ("op", "seq", "ts_ms", "table")]
+        untyped = F.from_json(text, NATIVE_ENVELOPE, _PERMISSIVE)  # evaluated only where ``clean`` is false
+        # `data` is only tested for presence on a clean record (its typed form is in the typed column).
+        present = F.when(typed["data"].isNotNull(), F.lit("")).cast("string").alias("data")
+        none = F.lit(None).cast("string").alias("_corrupt")
+        parsed_df = parsed_df.withColumn("_env", F.when(clean, F.struct(*fields, present, none)).otherwise(untyped))
+    else:
+        clean = F.lit(False)
+        parsed_df = parsed_df.withColumn("_env", F.from_json(text, NATIVE_ENVELOPE, _PERMISSIVE))
     env = F.col("_env")
     is_tombstone = F.col("_value").isNull()
     op = env["op"]
@@ -119,6 +143,9 @@ def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig]) -> DataFr
         (route_error.isNotNull(), route_error),
         ((op == "upsert") & env["data"].isNull(), "upsert without data"),
     )
+    typed_columns = (
+        [] if data is None else [F.when(clean, F.col("_typed")["data"]).alias(typed_data_column(tables[0].name))]
+    )
     return parsed_df.select(
         *_raw_columns(),
         F.when(is_tombstone, F.lit(tables[0].name) if len(tables) == 1 else F.lit(None).cast("string"))
@@ -129,7 +156,7 @@ def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig]) -> DataFr
         F.timestamp_millis(env["ts_ms"]).alias("_event_ts"),
         is_tombstone.alias("_tombstone"),
         F.col("_key").cast("string").alias("_key_json"),
-        env["data"].alias("_data_json"),
+        F.when(~clean, env["data"]).alias("_data_json"),
         F.when(
             is_tombstone & F.lit(len(tables) > 1),
             F.lit(
@@ -139,7 +166,14 @@ def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig]) -> DataFr
         )
         .otherwise(error)
         .alias("_error"),
+        *typed_columns,
     )
+
+
+def _typed_envelope(data: T.StructType) -> T.StructType:
+    envelope = T.DataType.fromDDL(NATIVE_ENVELOPE)
+    assert isinstance(envelope, T.StructType)
+    return T.StructType([f if f.name != "data" else T.StructField("data", data) for f in envelope.fields])
 
 
 def debezium_envelopes(raw_df: DataFrame, table: TableConfig, data_columns: Sequence[str]) -> DataFrame:
@@ -207,23 +241,28 @@ def envelopes(raw_df: DataFrame, cfg: ReplicaConfig, schemas: dict[str, TableSch
             names = [f.name for f in schemas[tables[0].name].data.fields]
             parts.append(debezium_envelopes(topic_df, tables[0], names))
         else:
-            parts.append(native_envelopes(topic_df, tables))
-    return reduce(DataFrame.unionByName, parts).select(*ENVELOPE_COLUMNS)
+            data = schemas[tables[0].name].data if len(tables) == 1 else None
+            parts.append(native_envelopes(topic_df, tables, data))
+    union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
+    typed = [F.col(f"`{c}`") for c in union.columns if c not in ENVELOPE_COLUMNS]
+    return union.select(*ENVELOPE_COLUMNS, *typed)
 
 
-def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False) -> DataFrame:
+def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False, alone: bool = False) -> DataFrame:
     """One table's envelopes with typed key and row columns; contract violations get an ``_error``.
 
     ``unrouted``: also take the envelopes routed to no table (they keep their envelope's ``_error``), so that one
     table's changes hold every rejected envelope and the tables' changes together hold every envelope.
+    ``alone``: the replica has no other table, so every envelope is this table's or unrouted: no routing filter
+    (Spark would push it below the envelope's parse and parse every record again to evaluate it).
     """
     table = schema.table
     keys = list(table.keys)
     mine = F.col("_table") == table.name
     staged_df = (
-        env_df.where(mine | F.col("_table").isNull() if unrouted else mine)
+        (env_df if alone else env_df.where(mine | F.col("_table").isNull() if unrouted else mine))
         .withColumn("_k", F.from_json(F.col("_key_json"), _with_corrupt(schema.key_schema), _PERMISSIVE))
-        .withColumn("_d", F.from_json(F.col("_data_json"), _with_corrupt(schema.data), _PERMISSIVE))
+        .withColumn("_d", _data(env_df, schema))
     )
     key_struct, data_struct = F.col("_k"), F.col("_d")
     is_upsert = F.col("_op") == "upsert"
@@ -293,6 +332,17 @@ def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False
         F.col("_table"),
         error.alias("_error"),
     )
+
+
+def _data(env_df: DataFrame, schema: TableSchema) -> Column:
+    """The row of a change, typed: parsed from ``_data_json``, unless the envelope's parse typed it already."""
+    parsed = F.from_json(F.col("_data_json"), _with_corrupt(schema.data), _PERMISSIVE)
+    name = typed_data_column(schema.table.name)
+    if name not in env_df.columns:
+        return parsed
+    typed = F.col(f"`{name}`")
+    fields = [typed[f.name].alias(f.name) for f in schema.data.fields]
+    return F.when(typed.isNotNull(), F.struct(*fields, F.lit(None).cast("string").alias("_corrupt"))).otherwise(parsed)
 
 
 def _with_corrupt(schema: T.StructType) -> T.StructType:
