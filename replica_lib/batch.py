@@ -160,8 +160,9 @@ def make_batch_handler(
             if len(cfg.tables) > 1:
                 env_df = env_df.persist()  # each table's changes are read from it
             # The first table's changes also hold the envelopes routed to no table (rejected).
+            alone = len(cfg.tables) == 1
             changes = {
-                t.name: decode.table_changes(env_df, schemas[t.name], i == 0, len(cfg.tables) == 1).localCheckpoint()
+                t.name: decode.table_changes(env_df, schemas[t.name], unrouted=i == 0, alone=alone).localCheckpoint()
                 for i, t in enumerate(cfg.tables)
             }
             env_df.unpersist()
@@ -270,7 +271,7 @@ _COORDINATES = ["_topic", "_partition", "_offset"]  # a record's place in the lo
 
 
 def _union(frames: list[DataFrame]) -> DataFrame:
-    columns = ["_topic", "_partition", "_offset", "_kafka_ts", "_key", "_value", "_table", "_error"]
+    columns = [*_COORDINATES, "_kafka_ts", "_key", "_value", "_table", "_error"]
     result = frames[0].select(*columns)
     for frame in frames[1:]:
         result = result.unionByName(frame.select(*columns))
