@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.util import inheritable_thread_target
@@ -161,12 +161,12 @@ def make_batch_handler(
                 env_df = env_df.persist()  # each table's changes are read from it
             # The first table's changes also hold the envelopes routed to no table (rejected).
             alone = len(cfg.tables) == 1
-            changes = {
-                t.name: decode.table_changes(env_df, schemas[t.name], unrouted=i == 0, alone=alone).localCheckpoint()
-                for i, t in enumerate(cfg.tables)
-            }
+            changes, observed = {}, {}
+            for i, t in enumerate(cfg.tables):
+                changes_df = decode.table_changes(env_df, schemas[t.name], unrouted=i == 0, alone=alone)
+                changes[t.name], observed[t.name] = _observed(changes_df, schemas[t.name])
             env_df.unpersist()
-            counts = _summaries(changes, schemas)
+            counts = _summaries(observed, schemas)
             stats.records = counts["envelopes"]
         if stats.records == 0:
             stats.seconds = time.monotonic() - started
@@ -321,37 +321,60 @@ def _size_for(spark: SparkSession, records: int) -> None:
 
 @dataclass(frozen=True)
 class _Summary:
-    """One table's changes in a batch, counted in one small job: what the later stages decide on."""
+    """One table's changes in a batch, counted while they are decoded: what the later stages decide on."""
 
     valid: int
     rejected: int
     deletes: int
     tombstones: int  # Kafka tombstones (null values) among the valid deletes
-    keys: tuple[Any, Any]  # smallest and greatest first key column among the valid changes
-    tombstone_keys: tuple[Any, Any]  # the same among the Kafka tombstones
+    keys: tuple[Column, Column]  # smallest and greatest first key column among the valid changes (literals)
+    tombstone_keys: tuple[Column, Column]  # the same among the Kafka tombstones
+    records: int  # every change, valid or rejected
 
 
-def _summaries(changes: dict[str, DataFrame], schemas: dict[str, TableSchema]) -> dict[str, Any]:
-    """Envelopes and rejected records of the batch, and a :class:`_Summary` per table (one small job per table)."""
+def _observed(changes_df: DataFrame, schema: TableSchema) -> tuple[DataFrame, Observation]:
+    """Materialize a table's changes (a local checkpoint) and count them in the same job (an observation).
+
+    The key bounds are observed as strings, which the summary casts back: an observation hands over dates,
+    timestamps and decimals as Java objects, and the cast round trip is exact for every type of
+    :data:`_RANGE_TYPES`.
+    """
+    ok, is_delete = F.col("_error").isNull(), F.col("_op") == "delete"
+    key = F.col(f"`{schema.table.keys[0]}`")
+    observation = Observation()
+    observed = changes_df.observe(
+        observation,
+        F.count(F.when(ok, 1)).alias("valid"),
+        F.count(F.col("_error")).alias("rejected"),
+        F.count(F.when(ok & is_delete, 1)).alias("deletes"),
+        F.count(F.when(ok & F.col("_tombstone"), 1)).alias("tombstones"),
+        F.min(F.when(ok, key)).cast("string").alias("low"),
+        F.max(F.when(ok, key)).cast("string").alias("high"),
+        F.min(F.when(ok & F.col("_tombstone"), key)).cast("string").alias("tombstone_low"),
+        F.max(F.when(ok & F.col("_tombstone"), key)).cast("string").alias("tombstone_high"),
+        F.count(F.lit(1)).alias("records"),
+    )
+    return observed.localCheckpoint(), observation
+
+
+def _summaries(observed: dict[str, Observation], schemas: dict[str, TableSchema]) -> dict[str, Any]:
+    """Envelopes and rejected records of the batch, and a :class:`_Summary` per table (from the decode's job)."""
     result: dict[str, Any] = {"envelopes": 0, "rejected": 0}
-    for name, changes_df in changes.items():
-        ok, is_delete = F.col("_error").isNull(), F.col("_op") == "delete"
-        key = F.col(f"`{schemas[name].table.keys[0]}`")
-        row = changes_df.agg(
-            F.count(F.when(ok, 1)),
-            F.count(F.col("_error")),
-            F.count(F.when(ok & is_delete, 1)),
-            F.count(F.when(ok & F.col("_tombstone"), 1)),
-            F.min(F.when(ok, key)),
-            F.max(F.when(ok, key)),
-            F.min(F.when(ok & F.col("_tombstone"), key)),
-            F.max(F.when(ok & F.col("_tombstone"), key)),
-            F.count(F.lit(1)),
-        ).first()
-        assert row is not None
-        result["envelopes"] += int(row[8])
-        result[name] = _Summary(int(row[0]), int(row[1]), int(row[2]), int(row[3]), (row[4], row[5]), (row[6], row[7]))
-        result["rejected"] += int(row[1])
+    for name, observation in observed.items():
+        row = observation.get
+        key_type = schemas[name].key_schema.fields[0].dataType
+        summary = _Summary(
+            int(row["valid"]),
+            int(row["rejected"]),
+            int(row["deletes"]),
+            int(row["tombstones"]),
+            (F.lit(row["low"]).cast(key_type), F.lit(row["high"]).cast(key_type)),
+            (F.lit(row["tombstone_low"]).cast(key_type), F.lit(row["tombstone_high"]).cast(key_type)),
+            int(row["records"]),
+        )
+        result[name] = summary
+        result["envelopes"] += summary.records
+        result["rejected"] += summary.rejected
     return result
 
 
@@ -437,7 +460,7 @@ def _winners(
     if summary.tombstones and not rows_empty:
         rows_df = read_table(spark, schema.table.target)
         if ranged:
-            rows_df = rows_df.where(key.between(F.lit(summary.tombstone_keys[0]), F.lit(summary.tombstone_keys[1])))
+            rows_df = rows_df.where(key.between(*summary.tombstone_keys))
         tombstone_keys = valid_df.where(F.col("_tombstone")).select(*keys).distinct()
         states.append(rows_df.join(F.broadcast(tombstone_keys), keys, "left_semi").select(*version_cols))
     winners_df = latest_per_key(valid_df, keys, current_versions(keys, *states))

@@ -114,7 +114,7 @@ class KeyRange:
     """
 
     column: str
-    low: Any
+    low: Any  # a value, or a literal Column of the key's type
     high: Any
 
     def condition(self, prefix: str = "t") -> Column:

@@ -144,6 +144,40 @@ def test_records_delivered_twice_in_a_batch_are_applied_once(
     assert sorted(r["order_id"] for r in tombstones.collect()) == [1, 2, 3]
 
 
+@pytest.mark.parametrize(
+    ("key_type", "keys"),
+    [
+        ("DATE", ["2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04", "2026-01-05"]),
+        ("DECIMAL(12,2)", [10.25, 20.5, 30.75, 40.0, 50.01]),
+    ],
+)
+def test_key_ranges_of_dates_and_decimals(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path, key_type: str, keys: list[Any]
+) -> None:
+    """A batch's key range bounds the MERGE and the read of rows for Kafka tombstones, in the key's own type."""
+    topic = topic_factory(partitions=2)
+    table = {"topic": topic, "keys": ["k"], "sequence_by": "seq", "schema": f"k {key_type}, status STRING"}
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "typed_keys", {"things": table})
+
+    def change(key: Any, seq: int, status: str | None) -> Change:
+        if status is None:
+            return Change(key={"k": key}, op="delete", seq=seq, table="things")
+        return Change(key={"k": key}, op="upsert", data={"k": key, "status": status}, seq=seq, table="things")
+
+    produce(connection, topic, [change(key, 1, "v1") for key in keys], "things")
+    run_available_now(spark, cfg)
+    tombstone_of_fourth = Change(key={"k": keys[3]}, op="delete", tombstone=True)
+    second = [change(keys[1], 2, "v2"), change(keys[2], 2, None), tombstone_of_fourth, change(keys[4], 0, "late")]
+    produce(connection, topic, second, "things")
+    run_available_now(spark, cfg)
+    produce(connection, topic, [change(keys[3], 0, "late")], "things")  # older than the seq the tombstone took (1)
+    run_available_now(spark, cfg)
+
+    rows = {str(r["k"]): (r["status"], r["_src_seq"]) for r in read_table(spark, cfg.table("things").target).collect()}
+    as_text = [str(key) if key_type == "DATE" else f"{key:.2f}" for key in keys]
+    assert rows == {as_text[0]: ("v1", 1), as_text[1]: ("v2", 2), as_text[4]: ("v1", 1)}
+
+
 def test_rerun_of_a_committed_batch_changes_nothing(
     spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
 ) -> None:
