@@ -69,24 +69,28 @@ def purge_tombstones(
     return purged
 
 
-#: How many times maintenance tries a delete that the running replica's appends keep conflicting with.
+#: How many times maintenance tries a delete that the running replica's writes keep conflicting with.
 ATTEMPTS = 10
+#: Delta's errors for a delete that a concurrent commit invalidated: the replica appended retained deletes, or its
+#: auto compaction rewrote files that the delete had read (see ``target.ensure_table``).
+_CONFLICTS = ("DELTA_CONCURRENT_APPEND", "DELTA_CONCURRENT_DELETE_READ", "DELTA_CONCURRENT_DELETE_DELETE")
 
 
 def _retrying(what: str, action: Callable[[], int]) -> int:
-    """Run a delete from a tombstone table, again when the replica appended to it meanwhile (Delta refuses it)."""
+    """Run a delete from a tombstone table, again when the replica wrote to it meanwhile (Delta refuses it)."""
     for attempt in range(1, ATTEMPTS + 1):
         try:
             return action()
         except Exception as exc:
-            if "DELTA_CONCURRENT_APPEND" not in str(exc):
+            conflict = next((name for name in _CONFLICTS if name in str(exc)), None)
+            if conflict is None:
                 raise
             logger.info(
-                "%s: the replica appended retained deletes meanwhile (attempt %d of %d)", what, attempt, ATTEMPTS
+                "%s: the replica wrote to the table meanwhile (%s, attempt %d of %d)", what, conflict, attempt, ATTEMPTS
             )
     raise MaintenanceError(
-        f"{what}: the running replica appended retained deletes during each of {ATTEMPTS} attempts; "
-        "run maintenance again, ideally when the replica has fewer deletes to apply"
+        f"{what}: the running replica appended retained deletes or compacted the table during each of {ATTEMPTS} "
+        "attempts; run maintenance again, ideally when the replica has fewer deletes to apply"
     )
 
 

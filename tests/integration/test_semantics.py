@@ -17,12 +17,15 @@ from pyspark.sql import functions as F
 from replica_lib import stream
 from replica_lib.config import ReplicaConfig
 from replica_lib.maintenance import compact_tombstones
+from replica_lib.merge import delta_table
 from replica_lib.model import LoggedChange
 from replica_lib.producer import Change, ChangeProducer, ProducerSettings
-from replica_lib.target import read_table, tombstone_target
+from replica_lib.progress import applied_offsets
+from replica_lib.target import AUTO_COMPACT, read_table, tombstone_target
 from replica_lib.topics import TopicAdmin, TopicSpec
 from tests.integration.support import (
     delete,
+    end_offsets,
     expected_df,
     orders_table,
     produce,
@@ -176,6 +179,48 @@ def test_key_ranges_of_dates_and_decimals(
     rows = {str(r["k"]): (r["status"], r["_src_seq"]) for r in read_table(spark, cfg.table("things").target).collect()}
     as_text = [str(key) if key_type == "DATE" else f"{key:.2f}" for key in keys]
     assert rows == {as_text[0]: ("v1", 1), as_text[1]: ("v2", 2), as_text[4]: ("v1", 1)}
+
+
+def test_small_files_are_compacted_as_the_replica_runs(
+    spark: SparkSession,
+    connection: dict[str, str],
+    topic_factory: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Auto compaction packs the batches' small files (here once 3 of them pile up, not 50) and changes no row."""
+    from replica_lib import loadgen
+
+    make_handler = stream.make_batch_handler
+
+    def compacting_early(*args: Any, **kwargs: Any) -> Any:
+        handle = make_handler(*args, **kwargs)
+
+        def early(batch_df: Any, batch_id: int) -> None:
+            batch_df.sparkSession.conf.set("spark.databricks.delta.autoCompact.minNumFiles", "3")
+            handle(batch_df, batch_id)
+
+        return early
+
+    monkeypatch.setattr(stream, "make_batch_handler", compacting_early)
+    topic = topic_factory(partitions=2)
+    with ChangeProducer(connection) as producer:
+        log = loadgen.run(producer, topic, loadgen.Workload(keys=40, events=240, seed=3))
+    orders = {"orders": orders_table(topic)}
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "compacted", orders, max_offsets_per_trigger=40)
+    run_available_now(spark, cfg)
+
+    assert_matches_model(spark, cfg, log)
+    for target in (cfg.table("orders").target, tombstone_target(cfg.table("orders")), cfg.quarantine):
+        assert delta_table(spark, target).detail().first()["properties"].get(AUTO_COMPACT) == "true"
+    history = delta_table(spark, cfg.table("orders").target).history().collect()
+    merges = [r for r in history if r["operation"] == "MERGE"]
+    optimizes = [r for r in history if r["operation"] == "OPTIMIZE"]
+    assert len(merges) >= 4 and optimizes, [r["operation"] for r in history]
+    assert all(int(r["operationMetrics"]["numRemovedFiles"]) >= 3 for r in optimizes)
+    # The table still says which offsets it reflects: compaction commits take nothing from it.
+    applied = applied_offsets(spark, cfg.table("orders").target)
+    assert applied is not None and applied.offsets == {topic: end_offsets(log)}
 
 
 def test_rerun_of_a_committed_batch_changes_nothing(

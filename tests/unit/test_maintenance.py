@@ -1,4 +1,4 @@
-"""Maintenance retries a delete that the running replica's append conflicted with, and only that."""
+"""Maintenance retries a delete that the running replica's append or compaction conflicted with, and only that."""
 
 from __future__ import annotations
 
@@ -8,19 +8,21 @@ from replica_lib import maintenance
 from replica_lib.errors import MaintenanceError
 
 CONFLICT = "io.delta.exceptions.ConcurrentAppendException: [DELTA_CONCURRENT_APPEND] Files were added"
+COMPACTED = "io.delta.exceptions.ConcurrentDeleteReadException: [DELTA_CONCURRENT_DELETE_READ] This transaction"
 
 
-def test_a_conflicting_delete_runs_again_until_it_commits() -> None:
+@pytest.mark.parametrize("conflicts", [[CONFLICT, CONFLICT], [COMPACTED], [CONFLICT, COMPACTED]])
+def test_a_conflicting_delete_runs_again_until_it_commits(conflicts: list[str]) -> None:
     calls = []
 
     def delete() -> int:
         calls.append(1)
-        if len(calls) < 3:
-            raise RuntimeError(CONFLICT)
+        if len(calls) <= len(conflicts):
+            raise RuntimeError(conflicts[len(calls) - 1])
         return 7
 
     assert maintenance._retrying("compacting t", delete) == 7
-    assert len(calls) == 3
+    assert len(calls) == len(conflicts) + 1
 
 
 def test_a_delete_that_always_conflicts_stops_with_what_to_do() -> None:
