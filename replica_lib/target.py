@@ -168,10 +168,10 @@ def ensure_table(
     ``deletion_vectors``: for tables that MERGE updates in place (a replica table), so that a batch marks the rows
     it replaces instead of rewriting their files. Append-only tables go without: their reads are cheaper.
 
-    Every table is created with Delta's auto compaction: each batch adds a few small files, and once
-    ``spark.databricks.delta.autoCompact.minNumFiles`` (50) of them have piled up, the write that follows packs
-    them into files of up to 128 MB, in a commit of its own. Without it a replica that runs for days keeps adding
-    files, and every MERGE, snapshot and query reads more of them.
+    Every table is created with Delta's auto compaction: each batch adds a few small files, and after the first
+    write of a process, then each time ``spark.databricks.delta.autoCompact.minNumFiles`` (50) more have piled up,
+    Delta packs them into files of up to 128 MB, in a commit of its own. Without it a replica that runs for days
+    keeps adding files, and every MERGE, snapshot and query reads more of them.
     """
     from delta.tables import DeltaTable
 
