@@ -111,7 +111,7 @@ class ChaosReport:
     recovery_s: list[float] = field(default_factory=list)
     seconds: float = 0.0
     versions_checked: int = 0
-    compactions: int = 0  # of the versions checked, those of auto compaction
+    compactions: int = 0  # of the versions checked, those of OPTIMIZE (same rows and offsets as the one before)
     # must be zero:
     lost: int = 0
     extra: int = 0
@@ -380,7 +380,7 @@ def _oracle(spark: SparkSession, conf: Path, logged: Sequence[LoggedChange], rep
             continue
         meta = json.loads(row["userMetadata"])
         if row["operation"] == "OPTIMIZE":
-            report.compactions += 1  # packs the files its batch's commit left: same rows, same offsets
+            report.compactions += 1  # an OPTIMIZE: same rows and offsets as the version before, still checked
         else:
             seen[(meta["generation"], int(meta["batch_id"]))] += 1
         offsets = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in meta["offsets"].items()}

@@ -71,8 +71,8 @@ def purge_tombstones(
 
 #: How many times maintenance tries a delete that the running replica's writes keep conflicting with.
 ATTEMPTS = 10
-#: Delta's errors for a delete that a concurrent commit invalidated: the replica appended retained deletes, or its
-#: auto compaction rewrote files that the delete had read (see ``target.ensure_table``).
+#: Delta's errors for a delete that a concurrent commit invalidated: the replica appended retained deletes, or an
+#: OPTIMIZE rewrote files that the delete had read.
 _CONFLICTS = ("DELTA_CONCURRENT_APPEND", "DELTA_CONCURRENT_DELETE_READ", "DELTA_CONCURRENT_DELETE_DELETE")
 
 
@@ -89,7 +89,7 @@ def _retrying(what: str, action: Callable[[], int]) -> int:
                 "%s: the replica wrote to the table meanwhile (%s, attempt %d of %d)", what, conflict, attempt, ATTEMPTS
             )
     raise MaintenanceError(
-        f"{what}: the running replica appended retained deletes or compacted the table during each of {ATTEMPTS} "
+        f"{what}: the running replica appended retained deletes (or an OPTIMIZE ran) during each of {ATTEMPTS} "
         "attempts; run maintenance again, ideally when the replica has fewer deletes to apply"
     )
 

@@ -157,9 +157,6 @@ def table_exists(spark: SparkSession, target: Target) -> bool:
     return bool(spark.catalog.tableExists(target.table))
 
 
-AUTO_COMPACT = "delta.autoOptimize.autoCompact"
-
-
 def ensure_table(
     spark: SparkSession, target: Target, schema: T.StructType, description: str, deletion_vectors: bool = False
 ) -> None:
@@ -167,11 +164,6 @@ def ensure_table(
 
     ``deletion_vectors``: for tables that MERGE updates in place (a replica table), so that a batch marks the rows
     it replaces instead of rewriting their files. Append-only tables go without: their reads are cheaper.
-
-    Every table is created with Delta's auto compaction: each batch adds a few small files, and after the first
-    write of a process, then each time ``spark.databricks.delta.autoCompact.minNumFiles`` (50) more have piled up,
-    Delta packs them into files of up to 128 MB, in a commit of its own. Without it a replica that runs for days
-    keeps adding files, and every MERGE, snapshot and query reads more of them.
     """
     from delta.tables import DeltaTable
 
@@ -190,7 +182,6 @@ def ensure_table(
     builder = DeltaTable.createIfNotExists(spark).addColumns(schema).comment(description)
     builder = builder.location(target.path) if target.path else builder.tableName(str(target.table))
     builder = builder.property("delta.enableDeletionVectors", "true" if deletion_vectors else "false")
-    builder = builder.property(AUTO_COMPACT, "true")
     builder.execute()
     logger.info("created Delta table %s", target.describe())
 

@@ -21,7 +21,7 @@ from replica_lib.merge import delta_table
 from replica_lib.model import LoggedChange
 from replica_lib.producer import Change, ChangeProducer, ProducerSettings
 from replica_lib.progress import applied_offsets
-from replica_lib.target import AUTO_COMPACT, read_table, tombstone_target
+from replica_lib.target import read_table, tombstone_target
 from replica_lib.topics import TopicAdmin, TopicSpec
 from tests.integration.support import (
     delete,
@@ -181,44 +181,33 @@ def test_key_ranges_of_dates_and_decimals(
     assert rows == {as_text[0]: ("v1", 1), as_text[1]: ("v2", 2), as_text[4]: ("v1", 1)}
 
 
-def test_small_files_are_compacted_as_the_replica_runs(
-    spark: SparkSession,
-    connection: dict[str, str],
-    topic_factory: Any,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+def test_a_table_compacted_between_runs_goes_on_exactly(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
 ) -> None:
-    """Auto compaction packs the batches' small files (here once 3 of them pile up, not 50) and changes no row."""
+    """OPTIMIZE packs a replica table's small files (and its tombstone table's) between two runs: nothing changes."""
     from replica_lib import loadgen
 
-    make_handler = stream.make_batch_handler
-
-    def compacting_early(*args: Any, **kwargs: Any) -> Any:
-        handle = make_handler(*args, **kwargs)
-
-        def early(batch_df: Any, batch_id: int) -> None:
-            batch_df.sparkSession.conf.set("spark.databricks.delta.autoCompact.minNumFiles", "3")
-            handle(batch_df, batch_id)
-
-        return early
-
-    monkeypatch.setattr(stream, "make_batch_handler", compacting_early)
     topic = topic_factory(partitions=2)
-    with ChangeProducer(connection) as producer:
-        log = loadgen.run(producer, topic, loadgen.Workload(keys=40, events=240, seed=3))
     orders = {"orders": orders_table(topic)}
     cfg = replica_config(tmp_path, connection["bootstrap.servers"], "compacted", orders, max_offsets_per_trigger=40)
+    with ChangeProducer(connection) as producer:
+        log = loadgen.run(producer, topic, loadgen.Workload(keys=40, events=160, seed=3))
+        run_available_now(spark, cfg)
+        table, tombstones = (
+            delta_table(spark, cfg.table("orders").target),
+            delta_table(spark, tombstone_target(cfg.table("orders"))),
+        )
+        files_before = table.detail().first()["numFiles"]
+        table.optimize().executeCompaction()
+        tombstones.optimize().executeCompaction()
+        assert table.detail().first()["numFiles"] < files_before
+        assert_matches_model(spark, cfg, log)
+        log += loadgen.run(producer, topic, loadgen.Workload(keys=40, events=160, seed=4))
     run_available_now(spark, cfg)
 
     assert_matches_model(spark, cfg, log)
-    for target in (cfg.table("orders").target, tombstone_target(cfg.table("orders")), cfg.quarantine):
-        assert delta_table(spark, target).detail().first()["properties"].get(AUTO_COMPACT) == "true"
-    history = delta_table(spark, cfg.table("orders").target).history().collect()
-    merges = [r for r in history if r["operation"] == "MERGE"]
-    optimizes = [r for r in history if r["operation"] == "OPTIMIZE"]
-    assert len(merges) >= 4 and optimizes, [r["operation"] for r in history]
-    assert all(int(r["operationMetrics"]["numRemovedFiles"]) >= 3 for r in optimizes)
-    # The table still says which offsets it reflects: compaction commits take nothing from it.
+    operations = [r["operation"] for r in table.history().collect()]
+    assert operations.count("OPTIMIZE") == 1 and operations.count("MERGE") >= 4, operations
     applied = applied_offsets(spark, cfg.table("orders").target)
     assert applied is not None and applied.offsets == {topic: end_offsets(log)}
 
