@@ -111,7 +111,6 @@ class ChaosReport:
     recovery_s: list[float] = field(default_factory=list)
     seconds: float = 0.0
     versions_checked: int = 0
-    compactions: int = 0  # of the versions checked, those of OPTIMIZE (same rows and offsets as the one before)
     # must be zero:
     lost: int = 0
     extra: int = 0
@@ -143,7 +142,7 @@ class ChaosReport:
             f"events {self.events}, keys {self.keys}, random kills {self.kills}, crash windows "
             f"{json.dumps(self.crashes, sort_keys=True)}, restarts {self.restarts}, {self.seconds:.0f}s",
             f"recovery (restart to first applied batch): {recovery}",
-            f"Delta versions checked by time travel: {self.versions_checked} ({self.compactions} of them compactions)",
+            f"Delta versions checked by time travel: {self.versions_checked}",
             f"lost {self.lost}, extra {self.extra}, duplicates {self.duplicates}, stale {self.stale}, "
             f"wrong versions {self.versions_wrong}, batches committed twice {self.batches_committed_twice}, "
             f"offsets going backwards {self.offsets_backwards}: {'OK' if self.ok else 'FAILED'}",
@@ -371,18 +370,14 @@ def _oracle(spark: SparkSession, conf: Path, logged: Sequence[LoggedChange], rep
     actual, report.duplicates = _rows(spark.read.format("delta").load(path).collect())
     report.lost, report.extra, report.stale = _compare(actual, fold(logged, keys, sequenced)["orders"])
 
-    history = DeltaTable.forPath(spark, path).history().select("version", "operation", "userMetadata")
-    history = history.orderBy("version")
+    history = DeltaTable.forPath(spark, path).history().select("version", "userMetadata").orderBy("version")
     seen: Counter[tuple[str, int]] = Counter()
     previous: dict[str, dict[int, int]] = {}
     for row in history.collect():
         if not row["userMetadata"]:
             continue
         meta = json.loads(row["userMetadata"])
-        if row["operation"] == "OPTIMIZE":
-            report.compactions += 1  # an OPTIMIZE: same rows and offsets as the version before, still checked
-        else:
-            seen[(meta["generation"], int(meta["batch_id"]))] += 1
+        seen[(meta["generation"], int(meta["batch_id"]))] += 1
         offsets = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in meta["offsets"].items()}
         for topic, parts in offsets.items():
             for partition, offset in parts.items():
