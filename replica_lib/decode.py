@@ -7,7 +7,8 @@ Two stages, both pure ``DataFrame -> DataFrame``:
 
 Any failure sets ``_error`` (a sentence saying what is wrong); :func:`valid` and :func:`rejected` split on it.
 Columns of an envelope row: ``_topic, _partition, _offset, _kafka_ts, _key, _value`` (the raw record, kept for
-quarantine), ``_table, _op, _seq, _event_ts, _tombstone, _key_json, _data_json, _error``.
+quarantine; :func:`table_changes` keeps ``_key`` and ``_value`` on rejected changes only), ``_table, _op, _seq,
+_event_ts, _tombstone, _key_json, _data_json, _error``.
 """
 
 from __future__ import annotations
@@ -317,7 +318,7 @@ def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False
         .alias(f.name)
         for f in schema.kept.fields
     ]
-    return staged_df.select(
+    changes_df = staged_df.select(
         *row_columns,
         F.col("_op"),
         seq.alias("_seq"),
@@ -331,6 +332,12 @@ def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False
         F.col("_value"),
         F.col("_table"),
         error.alias("_error"),
+    )
+    # The raw record is kept only where it is quarantined: a valid change's bytes would only weigh on the batch's
+    # local checkpoint and on the ordering's shuffle. (A projection of its own: ``_error`` is computed once.)
+    rejected_only = F.col("_error").isNotNull()
+    return changes_df.withColumns(
+        {"_key": F.when(rejected_only, F.col("_key")), "_value": F.when(rejected_only, F.col("_value"))}
     )
 
 
