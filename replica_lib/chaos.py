@@ -56,6 +56,9 @@ max_offsets_per_trigger = {max_offsets}
 [trigger]
 interval = "1 second"
 
+[compaction]
+every_batches = 2
+
 [tables.orders]
 topic = "{topic}"
 keys = ["order_id"]
@@ -111,6 +114,7 @@ class ChaosReport:
     recovery_s: list[float] = field(default_factory=list)
     seconds: float = 0.0
     versions_checked: int = 0
+    compactions: int = 0  # OPTIMIZE commits of the replica between its batches (no rows: not checked as versions)
     # must be zero:
     lost: int = 0
     extra: int = 0
@@ -142,7 +146,7 @@ class ChaosReport:
             f"events {self.events}, keys {self.keys}, random kills {self.kills}, crash windows "
             f"{json.dumps(self.crashes, sort_keys=True)}, restarts {self.restarts}, {self.seconds:.0f}s",
             f"recovery (restart to first applied batch): {recovery}",
-            f"Delta versions checked by time travel: {self.versions_checked}",
+            f"Delta versions checked by time travel: {self.versions_checked}, compactions: {self.compactions}",
             f"lost {self.lost}, extra {self.extra}, duplicates {self.duplicates}, stale {self.stale}, "
             f"wrong versions {self.versions_wrong}, batches committed twice {self.batches_committed_twice}, "
             f"offsets going backwards {self.offsets_backwards}: {'OK' if self.ok else 'FAILED'}",
@@ -370,10 +374,11 @@ def _oracle(spark: SparkSession, conf: Path, logged: Sequence[LoggedChange], rep
     actual, report.duplicates = _rows(spark.read.format("delta").load(path).collect())
     report.lost, report.extra, report.stale = _compare(actual, fold(logged, keys, sequenced)["orders"])
 
-    history = DeltaTable.forPath(spark, path).history().select("version", "userMetadata").orderBy("version")
+    history = DeltaTable.forPath(spark, path).history().select("version", "operation", "userMetadata")
     seen: Counter[tuple[str, int]] = Counter()
     previous: dict[str, dict[int, int]] = {}
-    for row in history.collect():
+    for row in history.orderBy("version").collect():
+        report.compactions += row["operation"] == "OPTIMIZE"
         if not row["userMetadata"]:
             continue
         meta = json.loads(row["userMetadata"])

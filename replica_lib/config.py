@@ -60,7 +60,7 @@ FORMATS = ("native", "debezium")
 
 
 # ---------------------------------------------------------------------------------------------- local settings
-CRASH_POINTS = ("before_batch", "after_quarantine", "after_tombstones", "after_commit")
+CRASH_POINTS = ("before_batch", "after_quarantine", "after_tombstones", "after_commit", "after_compaction")
 
 
 @dataclass(frozen=True)
@@ -178,6 +178,14 @@ class TriggerConfig:
 
 
 @dataclass(frozen=True)
+class CompactionConfig:
+    """The replica packing the small files its batches leave in its tables (a Delta OPTIMIZE between batches)."""
+
+    every_batches: int = 50  # after every this-many-th batch (by batch id, across restarts); 0 = never
+    small_file_mb: int = 16  # files smaller than this are packed together (larger ones are left as they are)
+
+
+@dataclass(frozen=True)
 class ReplicaConfig:
     """A whole replica: one streaming query, its checkpoint, its tables."""
 
@@ -190,6 +198,7 @@ class ReplicaConfig:
     source: SourceConfig = field(default_factory=SourceConfig)
     trigger: TriggerConfig = field(default_factory=TriggerConfig)
     tombstone_retention_s: int = 7 * 86400
+    compaction: CompactionConfig = field(default_factory=CompactionConfig)
 
     @property
     def topics(self) -> tuple[str, ...]:
@@ -271,6 +280,12 @@ class _Reader:
             raise self.fail(f"{where}.{key}", f"must be true or false, got {value!r}", "write true or false")
         return value
 
+    def integer(self, data: Mapping[str, Any], key: str, where: str, default: int, minimum: int, example: str) -> int:
+        value = data.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise self.fail(f"{where}.{key}", f"must be an integer of at least {minimum}, got {value!r}", example)
+        return value
+
     def target(self, value: Any, where: str) -> Target:
         if not isinstance(value, dict):
             raise self.fail(where, "must be a table", '{ path = "..." } or { table = "db.name" }')
@@ -301,7 +316,7 @@ def load_replica(path: str | Path, environ: Mapping[str, str] | None = None) -> 
 def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str]) -> ReplicaConfig:
     """Validate an already-parsed replica document."""
     r = _Reader(source, environ)
-    r.only(doc, "", {"replica", "kafka", "source", "trigger", "tables"})
+    r.only(doc, "", {"replica", "kafka", "source", "trigger", "compaction", "tables"})
     rep = r.section(doc, "replica", {"name", "checkpoint", "quarantine", "tombstone_retention"}, required=True)
     name = r.string(rep, "name", "replica")
     if not _NAME.match(name):
@@ -366,6 +381,14 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
         )
     trigger = TriggerConfig(available_now=r.boolean(trig, "available_now", "trigger", False), interval=interval)
 
+    comp = r.section(doc, "compaction", {"every_batches", "small_file_mb"}, required=False)
+    compaction = CompactionConfig(
+        every_batches=r.integer(
+            comp, "every_batches", "compaction", 50, 0, "e.g. every_batches = 50 (0 turns the replica's compaction off)"
+        ),
+        small_file_mb=r.integer(comp, "small_file_mb", "compaction", 16, 1, "e.g. small_file_mb = 16"),
+    )
+
     tables_doc = doc.get("tables")
     if not isinstance(tables_doc, dict) or not tables_doc:
         raise r.fail("tables", "no tables", "add at least one [tables.<name>] section")
@@ -380,6 +403,7 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
         checkpoint=checkpoint,
         quarantine=quarantine,
         tombstone_retention_s=tombstone_retention_s,
+        compaction=compaction,
     )
 
 

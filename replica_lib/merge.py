@@ -1,8 +1,9 @@
-"""Every Delta MERGE of the project, built here: version-gated, tombstone-aware, idempotent per batch.
+"""Every Delta MERGE and write of the project, built here: version-gated, tombstone-aware, idempotent per batch.
 
 Each write of batch ``b`` is a Delta idempotent write (``txnAppId``, ``txnVersion = b``): a batch that Spark
 re-executes after a crash is skipped by Delta rather than applied twice. Each commit also carries the Kafka end
-offsets of the batch in its ``userMetadata``, atomically with the data (see :mod:`replica_lib.progress`).
+offsets of the batch in its ``userMetadata``, atomically with the data (see :mod:`replica_lib.progress`). The
+one write that is neither is :func:`compact_files`: it changes files, never rows.
 """
 
 from __future__ import annotations
@@ -217,6 +218,45 @@ def _append(target: Target, rows_df: DataFrame, commit: Commit) -> None:
         writer.save(target.path)
     else:
         writer.saveAsTable(str(target.table))
+
+
+#: The size OPTIMIZE packs small files up to (Delta's auto compaction aims at the same).
+COMPACTED_FILE_BYTES = 128 << 20
+_OPTIMIZE_MIN_FILE_SIZE = "spark.databricks.delta.optimize.minFileSize"
+_OPTIMIZE_MAX_FILE_SIZE = "spark.databricks.delta.optimize.maxFileSize"
+
+
+@dataclass(frozen=True)
+class Compacted:
+    """What one compaction did to a table's files (both 0: nothing to pack, and no commit)."""
+
+    removed: int
+    added: int
+
+
+def compact_files(spark: SparkSession, target: Target, small_file_bytes: int) -> Compacted | None:
+    """Pack a table's files smaller than ``small_file_bytes`` into files of up to 128 MB (Delta OPTIMIZE).
+
+    Larger files stay, unless deletion vectors mark enough of their rows for OPTIMIZE to purge them. The commit
+    changes no row (``dataChange = false``), so it carries no batch: the offsets stay those of the last batch.
+    Returns None, after a warning, when a concurrent commit on the table made Delta refuse it (maintenance
+    deleting retained deletes, an operator's OPTIMIZE): the next compaction packs these files too.
+    """
+    confs = {_OPTIMIZE_MIN_FILE_SIZE: str(small_file_bytes), _OPTIMIZE_MAX_FILE_SIZE: str(COMPACTED_FILE_BYTES)}
+    try:
+        with _session_confs(spark, confs):
+            metrics = delta_table(spark, target).optimize().executeCompaction()
+            row = metrics.select("metrics.numFilesRemoved", "metrics.numFilesAdded").first()
+    except Exception as exc:
+        if "DELTA_CONCURRENT" not in str(exc):
+            raise
+        logger.warning(
+            "compacting %s: a concurrent commit won, packed at the next compaction (%s)",
+            target.describe(),
+            str(exc).splitlines()[0],
+        )
+        return None
+    return Compacted(0, 0) if row is None else Compacted(int(row[0] or 0), int(row[1] or 0))
 
 
 def delete_matching(spark: SparkSession, target: Target, rows_df: DataFrame, columns: tuple[str, ...]) -> int:

@@ -22,7 +22,7 @@ def test_random_kills_and_every_crash_window_leave_every_version_exact(
     print("\n".join(report.lines()))
     assert report.kills == 10
     assert report.crashes == dict.fromkeys(CRASH_POINTS, 1)
-    assert report.events > 0 and report.versions_checked > 0
+    assert report.events > 0 and report.versions_checked > 0 and report.compactions > 0
     assert (report.lost, report.extra, report.duplicates, report.stale) == (0, 0, 0, 0)
     assert (report.versions_wrong, report.batches_committed_twice, report.offsets_backwards) == (0, 0, 0)
 

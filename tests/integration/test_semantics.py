@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import uuid
@@ -15,7 +16,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from replica_lib import stream
-from replica_lib.config import ReplicaConfig
+from replica_lib.config import CompactionConfig, ReplicaConfig, Target
 from replica_lib.maintenance import compact_tombstones
 from replica_lib.merge import delta_table
 from replica_lib.model import LoggedChange
@@ -210,6 +211,56 @@ def test_a_table_compacted_between_runs_goes_on_exactly(
     assert operations.count("OPTIMIZE") == 1 and operations.count("MERGE") >= 4, operations
     applied = applied_offsets(spark, cfg.table("orders").target)
     assert applied is not None and applied.offsets == {topic: end_offsets(log)}
+
+
+def test_the_replica_packs_its_small_files_every_n_batches(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    """After every 3rd batch by id, across runs, the replica OPTIMIZEs its tables; no row or offset changes, and
+    a re-run of a batch that compacted commits nothing (its writes are skipped, no small file is left)."""
+    from replica_lib import loadgen
+
+    topic = topic_factory(partitions=2)
+    cfg = replica_config(
+        tmp_path,
+        connection["bootstrap.servers"],
+        "packing",
+        {"orders": orders_table(topic)},
+        max_offsets_per_trigger=40,
+    )
+    cfg = dataclasses.replace(cfg, compaction=CompactionConfig(every_batches=3, small_file_mb=16))
+    with ChangeProducer(connection) as producer:
+        log = loadgen.run(producer, topic, loadgen.Workload(keys=40, events=200, seed=5))
+        run_available_now(spark, cfg)  # batches 0-4
+        assert_matches_model(spark, cfg, log)
+        log += loadgen.run(producer, topic, loadgen.Workload(keys=40, events=160, seed=6))
+    run_available_now(spark, cfg)  # batches 5-8
+
+    def compactions(target: Target) -> list[tuple[int, int, int]]:
+        """(batch id of the commit before, files removed, files added) of each OPTIMIZE, in order."""
+        found, batch = [], -1
+        for row in delta_table(spark, target).history().orderBy("version").collect():
+            if row["operation"] == "OPTIMIZE":
+                metrics = row["operationMetrics"]
+                found.append((batch, int(metrics["numRemovedFiles"]), int(metrics["numAddedFiles"])))
+            elif row["userMetadata"]:
+                batch = json.loads(row["userMetadata"])["batch_id"]
+        return found
+
+    packed = compactions(cfg.table("orders").target)
+    assert [batch for batch, _, _ in packed] == [2, 5, 8], packed
+    assert all(removed >= 2 and added == 1 for _, removed, added in packed), packed
+    assert [batch for batch, _, _ in compactions(tombstone_target(cfg.table("orders")))][:1] == [2]
+    assert_matches_model(spark, cfg, log)
+    applied = applied_offsets(spark, cfg.table("orders").target)
+    assert applied is not None and applied.offsets == {topic: end_offsets(log)}
+
+    version = delta_table(spark, cfg.table("orders").target).history(1).first()["version"]  # type: ignore[index]
+    (Path(cfg.checkpoint) / "commits" / "8").unlink()  # as if the process died after batch 8's compaction
+    (Path(cfg.checkpoint) / "commits" / ".8.crc").unlink(missing_ok=True)
+    run_available_now(spark, cfg)
+    assert delta_table(spark, cfg.table("orders").target).history(1).first()["version"] == version  # type: ignore[index]
+    assert_matches_model(spark, cfg, log)
 
 
 def test_rerun_of_a_committed_batch_changes_nothing(

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from replica_lib.config import (
+    CompactionConfig,
     KafkaConfig,
     ReplicaConfig,
     SourceConfig,
@@ -97,6 +98,7 @@ def test_defaults_of_optional_sections() -> None:
     cfg = parse_replica(base_doc(), SOURCE, {})
     assert cfg.source == SourceConfig(starting_offsets="earliest", max_offsets_per_trigger=None)
     assert cfg.trigger == TriggerConfig(available_now=False, interval="5 seconds")
+    assert cfg.compaction == CompactionConfig(every_batches=50, small_file_mb=16)
     assert cfg.tables[0].format == "native"
     assert cfg.tables[0].sequence_by is None
     assert cfg.tables[0].include_columns == ()
@@ -148,6 +150,7 @@ def test_missing_variable_in_a_kafka_option_names_the_option() -> None:
         (("kafka", "bootstrap"), "kafka.bootstrap"),
         (("source", "offsets"), "source.offsets"),
         (("trigger", "once"), "trigger.once"),
+        (("compaction", "every"), "compaction.every"),
     ],
 )
 def test_unknown_keys_are_errors(path: tuple[str, ...], key: str) -> None:
@@ -193,6 +196,7 @@ def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
 MAX_FIX = "e.g. max_offsets_per_trigger = 100000"
 INTERVAL_FIX = 'e.g. "10 seconds" (units: milliseconds, seconds, minutes or hours)'
 TARGET_FIX = '{ path = "..." } or { table = "db.t" }'
+EVERY_FIX = "e.g. every_batches = 50 (0 turns the replica's compaction off)"
 OFFSETS_FIX = """e.g. "earliest", or per partition '{"orders": {"0": 42, "1": -2}}'"""
 
 
@@ -210,6 +214,11 @@ OFFSETS_FIX = """e.g. "earliest", or per partition '{"orders": {"0": 42, "1": -2
         (("trigger", "interval"), "5s", "trigger.interval", INTERVAL_FIX),
         (("trigger", "interval"), "500 ms", "trigger.interval", INTERVAL_FIX),
         (("trigger", "interval"), "1.5 minutes", "trigger.interval", INTERVAL_FIX),
+        (("compaction", "every_batches"), -1, "compaction.every_batches", EVERY_FIX),
+        (("compaction", "every_batches"), "50", "compaction.every_batches", EVERY_FIX),
+        (("compaction", "every_batches"), True, "compaction.every_batches", EVERY_FIX),
+        (("compaction", "small_file_mb"), 0, "compaction.small_file_mb", "e.g. small_file_mb = 16"),
+        (("compaction", "small_file_mb"), 1.5, "compaction.small_file_mb", "e.g. small_file_mb = 16"),
         (("tables", "orders", "format"), "avro", "tables.orders.format", "use one of native, debezium"),
         (("tables", "orders", "keys"), [], "tables.orders.keys", "name at least one key column"),
         (("tables", "orders", "keys"), "order_id", "tables.orders.keys", '["col", ...]'),
@@ -239,6 +248,11 @@ def test_bad_values_name_key_and_fix(path: tuple[str, ...], value: Any, key: str
     err = config_error(with_value(path, value))
     assert (err.source, err.key, err.fix) == (SOURCE, key, fix)
     assert str(err) == f"{SOURCE}: {key}: {err.problem} (fix: {fix})"
+
+
+def test_compaction_can_be_tuned_or_turned_off() -> None:
+    cfg = parse_replica(with_value(("compaction",), {"every_batches": 0, "small_file_mb": 64}), SOURCE, {})
+    assert cfg.compaction == CompactionConfig(every_batches=0, small_file_mb=64)
 
 
 def test_both_include_and_exclude_columns_is_an_error() -> None:
