@@ -44,13 +44,18 @@ class Commit:
 
 @contextlib.contextmanager
 def _session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
+    """Set session confs for the block, then put back what was there (a user's own setting survives)."""
+    previous: dict[str, str | None] = {key: spark.conf.get(key, None) for key in confs}
     for key, value in confs.items():
         spark.conf.set(key, value)
     try:
         yield
     finally:
-        for key in confs:
-            spark.conf.unset(key)
+        for key, before in previous.items():
+            if before is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, before)
 
 
 def idempotent(spark: SparkSession, commit: Commit) -> contextlib.AbstractContextManager[None]:
