@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 
 from replica_lib.config import ReplicaConfig, TableConfig
 from replica_lib.errors import MaintenanceError
-from replica_lib.merge import delete_matching, delete_where
+from replica_lib.merge import delete_matching, delete_where, delta_conflict
 from replica_lib.ordering import current_versions, newer
 from replica_lib.target import read_table, tombstone_target, version_columns
 from replica_lib.topics import TopicAdmin
@@ -82,8 +82,8 @@ def _retrying(what: str, action: Callable[[], int]) -> int:
         try:
             return action()
         except Exception as exc:
-            conflict = next((name for name in _CONFLICTS if name in str(exc)), None)
-            if conflict is None:
+            conflict = delta_conflict(exc)
+            if conflict not in _CONFLICTS:
                 raise
             logger.info(
                 "%s: the replica wrote to the table meanwhile (%s, attempt %d of %d)", what, conflict, attempt, ATTEMPTS

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -225,6 +226,15 @@ def _append(target: Target, rows_df: DataFrame, commit: Commit) -> None:
         writer.saveAsTable(str(target.table))
 
 
+_CONFLICT = re.compile(r"DELTA_CONCURRENT_[A-Z_]+")
+
+
+def delta_conflict(exc: Exception) -> str | None:
+    """The error class (``DELTA_CONCURRENT_…``) of a write that Delta refused for a concurrent commit, else None."""
+    match = _CONFLICT.search(str(exc))
+    return match.group(0) if match else None
+
+
 #: The size OPTIMIZE packs small files up to (Delta's auto compaction aims at the same).
 COMPACTED_FILE_BYTES = 128 << 20
 _OPTIMIZE_MIN_FILE_SIZE = "spark.databricks.delta.optimize.minFileSize"
@@ -253,7 +263,7 @@ def compact_files(spark: SparkSession, target: Target, small_file_bytes: int) ->
             metrics = delta_table(spark, target).optimize().executeCompaction()
             row = metrics.select("metrics.numFilesRemoved", "metrics.numFilesAdded").first()
     except Exception as exc:
-        if "DELTA_CONCURRENT" not in str(exc):
+        if delta_conflict(exc) is None:
             raise
         logger.warning(
             "compacting %s: a concurrent commit won, packed at the next compaction (%s)",
