@@ -21,12 +21,14 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   esac
 done
 
-# The job file is the first *.py argument; some jobs need packages of their own (artifacts.JOB_PACKAGES).
+# The job file is the first *.py argument; dev jobs (jobs/dev/) may need packages of their own (replica_dev.maven).
 job=""
 for arg in "$@"; do
   if [[ "$arg" == *.py ]]; then job="$arg"; break; fi
 done
-packages=$("$PY" -c 'import sys; from replica_lib.artifacts import packages_for; print(",".join(packages_for(sys.argv[1])))' "$job")
+module=replica_lib.artifacts
+[[ "$job" == */dev/* ]] && module=replica_dev.maven
+packages=$("$PY" -c "import sys; from $module import packages_for; print(','.join(packages_for(sys.argv[1])))" "$job")
 common=(
   --packages "$packages"
   --conf "spark.jars.ivy=$STATE/ivy"

@@ -24,9 +24,8 @@ def main(argv: list[str]) -> int:
 
     def body() -> int:
         cfg = load_replica(args.conf)
-        settings = local_settings()
-        spark = build_session(f"replica-{cfg.name}", settings)
-        run_replica(spark, cfg, available_now=True if args.available_now else None, crash_at=settings.crash_at)
+        spark = build_session(f"replica-{cfg.name}", local_settings())
+        run_replica(spark, cfg, available_now=True if args.available_now else None)
         return 0
 
     return guarded(body)

@@ -6,7 +6,7 @@ other, each with its own checkpoint and table, so the figures are comparable as 
 - **ceiling**: Spark's kafka source appending the records to a Delta table (no decoding, no MERGE);
 - **naive**: ``foreachBatch`` + one plain Delta MERGE per batch after a per-key dedup (Delta's documented
   upsert pattern: no version gating, no tombstones, no pruning);
-- **peer**: kafka2delta (PyPI), when it can run here (see :mod:`replica_lib.bench_peer`);
+- **peer**: kafka2delta (PyPI), when it can run here (see :mod:`replica_dev.bench_peer`);
 - **ours**: the materializer (:func:`replica_lib.stream.start_replica`), and its rebuild path (the whole log
   in one batch into empty tables).
 
@@ -34,11 +34,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming.query import StreamingQuery
 
-from replica_lib.batch import BatchStats
+from replica_dev.loadgen import CUSTOMERS, STATUSES
+from replica_dev.naive import merge_naive
+from replica_lib.batch import BatchHooks, BatchStats
 from replica_lib.config import KafkaConfig, ReplicaConfig, SourceConfig, TableConfig, Target, TriggerConfig
 from replica_lib.errors import ConfigError
-from replica_lib.loadgen import CUSTOMERS, STATUSES
-from replica_lib.merge import merge_naive
 from replica_lib.producer import Change, ChangeProducer, ProducerSettings, encode_key, encode_value
 from replica_lib.stream import start_replica
 from replica_lib.target import ensure_replica_tables
@@ -262,7 +262,7 @@ class Bench:
         self.stages: dict[str, list[BatchStats]] = {}  # ours: each batch's seconds per stage, per run
         self.peer: Any = None
         if "peer" in plan.contenders:
-            from replica_lib.bench_peer import Peer
+            from replica_dev.bench_peer import Peer
 
             self.peer = Peer.load()
 
@@ -312,7 +312,9 @@ class Bench:
             if prefill:
                 self.prefill(contender, str(base / "table"), prefill, topic)
             self.stages[name] = []
-            return start_replica(self.spark, cfg, available_now=once, on_batch=self.stages[name].append)
+            return start_replica(
+                self.spark, cfg, available_now=once, hooks=BatchHooks(after_batch=self.stages[name].append)
+            )
         if contender == "peer":
             query: StreamingQuery = self.peer.start(self.spark, self, topic, base, batch_size, once, prefill)
             return query

@@ -27,12 +27,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
-from replica_lib.artifacts import SPARK_AVRO
-from replica_lib.bench import DATA_COLUMNS, Event
+from replica_dev.bench import DATA_COLUMNS, Event
+from replica_dev.maven import SPARK_AVRO
 from replica_lib.errors import SetupError
 
 if TYPE_CHECKING:
-    from replica_lib.bench import Bench
+    from replica_dev.bench import Bench
 
 logger = logging.getLogger(__name__)
 

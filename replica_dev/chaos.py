@@ -3,7 +3,7 @@
 A producer writes a seeded keyed workload (inserts, updates, deletes) while the materializer runs; the harness
 SIGKILLs the materializer's whole process group (driver and JVM) at random moments, and makes it kill itself at
 named crash windows (``REPLICA_CRASH_AT``), restarting it on the same checkpoint each time. At the end the oracle
-checks, against the reference model (:mod:`replica_lib.model`):
+checks, against the reference model (:mod:`replica_dev.model`):
 
 * the table equals the model of every record consumed, row for row (no lost, extra, duplicate or stale rows);
 * every Delta version equals the model applied to exactly the offsets that version records (time travel), so no
@@ -31,10 +31,11 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from replica_lib import loadgen
-from replica_lib.config import CRASH_POINTS, PROJECT_ROOT, load_replica
-from replica_lib.embedded_kafka import EmbeddedKafka
-from replica_lib.model import LoggedChange, fold
+from replica_dev import loadgen
+from replica_dev.embedded_kafka import EmbeddedKafka
+from replica_dev.faults import CRASH_ENV, CRASH_POINTS
+from replica_dev.model import LoggedChange, fold
+from replica_lib.config import PROJECT_ROOT, load_replica
 from replica_lib.producer import ChangeProducer
 from replica_lib.progress import last_committed_offsets
 from replica_lib.topics import TopicAdmin, TopicSpec
@@ -189,14 +190,16 @@ class _Launch:
     """One run of ``spark-submit.sh jobs/materialize.py`` in its own process group, its output in a file."""
 
     def __init__(self, conf: Path, log: Path, crash_at: str | None) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "REPLICA_CRASH_AT"}
+        env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
         if crash_at:
-            env["REPLICA_CRASH_AT"] = crash_at
+            env[CRASH_ENV] = crash_at
+        # Random kills hit the user's job itself; a crash window needs the dev job that carries the hook.
+        job = "jobs/dev/faulty_replica.py" if crash_at else "jobs/materialize.py"
         self.log = log
         self.started = time.monotonic()
         with log.open("w") as out:
             self.proc = subprocess.Popen(
-                [str(PROJECT_ROOT / "spark-submit.sh"), "jobs/materialize.py", str(conf)],
+                [str(PROJECT_ROOT / "spark-submit.sh"), job, str(conf)],
                 cwd=PROJECT_ROOT,
                 env=env,
                 stdout=out,

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from replica_lib import artifacts
+from replica_dev import maven
 from replica_lib.errors import BrokerError, SetupError
 
 logger = logging.getLogger(__name__)
@@ -231,8 +231,8 @@ class EmbeddedKafka:
                     f"a broker already runs on {self.data_dir} (pid {other.pid}): stop it first "
                     "(./replica broker stop) or use another data folder"
                 )
-        java = artifacts.find_java(self.java_home)
-        jars = artifacts.resolve_jars(java, artifacts.BROKER_PACKAGES, self.state_dir, "kafka-broker")
+        java = maven.find_java(self.java_home)
+        jars = maven.resolve_jars(java, maven.BROKER_PACKAGES, self.state_dir, "kafka-broker")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._choose_ports()
         props = self.data_dir / "server.properties"
@@ -242,7 +242,7 @@ class EmbeddedKafka:
             java.executable,
             f"{_DIR_PROP}{self.data_dir}",
             f"{_OWNER_PROP}{0 if detach else os.getpid()}",
-            f"-Dlog4j2.configurationFile={artifacts.RESOURCES / 'log4j2-broker.properties'}",
+            f"-Dlog4j2.configurationFile={maven.RESOURCES / 'log4j2-broker.properties'}",
             "-Djava.awt.headless=true",
         ]
         if not (self.data_dir / "log" / "meta.properties").exists():
@@ -266,7 +266,7 @@ class EmbeddedKafka:
             raise
         logger.info(
             "Kafka %s broker ready at %s (pid %d)",
-            artifacts.KAFKA_BROKER_VERSION,
+            maven.KAFKA_BROKER_VERSION,
             self.bootstrap_servers,
             self._proc.pid,
         )
@@ -390,7 +390,7 @@ class EmbeddedKafka:
             "controller_port": self.controller_port,
             "bootstrap_servers": self.bootstrap_servers,
             "detached": detach,
-            "kafka_version": artifacts.KAFKA_BROKER_VERSION,
+            "kafka_version": maven.KAFKA_BROKER_VERSION,
         }
         (self.data_dir / _STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 

@@ -7,7 +7,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from replica_lib.model import LoggedChange
+from replica_dev.model import LoggedChange
 from replica_lib.producer import Change, ChangeProducer
 
 logger = logging.getLogger(__name__)

@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
-import signal
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -28,9 +26,10 @@ from pyspark.sql import types as T
 from pyspark.util import inheritable_thread_target
 
 from replica_lib import decode
-from replica_lib.config import CrashPoint, ReplicaConfig, Target
+from replica_lib.config import ReplicaConfig, TableConfig, Target
 from replica_lib.merge import (
     BROADCAST_ROWS,
+    Applied,
     Commit,
     KeyRange,
     append_quarantine,
@@ -46,11 +45,8 @@ from replica_lib.target import TableSchema, read_table, tombstone_target, versio
 
 logger = logging.getLogger(__name__)
 
-BatchHandler = Callable[[DataFrame, int], None]
-#: Threads for the writes that run beside a batch's MERGE, shared by the replicas of the process: a handler waits
-#: for its own before it returns, so a batch never leaves a write behind.
-_BESIDE = futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="replica-beside")
-STOP_MARKER = "replica stop requested"
+#: The named points of a batch at which :attr:`BatchHooks.at` is called, in the order a batch passes them.
+HOOK_POINTS = ("before_batch", "after_quarantine", "after_tombstones", "after_commit", "after_compaction")
 
 
 class StopRequested(Exception):
@@ -82,6 +78,18 @@ class BatchStats:
         )
 
 
+@dataclass(frozen=True)
+class BatchHooks:
+    """Optional callbacks into the handler, for tests, benchmarks and the fault harness; a replica sets none.
+
+    ``at(point, batch_id)`` is called at each of :data:`HOOK_POINTS`; ``after_batch(stats)`` after each batch
+    with records.
+    """
+
+    at: Callable[[str, int], None] | None = None
+    after_batch: Callable[[BatchStats], None] | None = None
+
+
 def app_id(replica: str, table: str, generation: str) -> str:
     """Delta ``txnAppId`` for one table of one replica under one checkpoint generation."""
     return f"replica:{replica}:{table}:{generation}"
@@ -104,140 +112,217 @@ def quarantine_rows(rejected_df: DataFrame, replica: str, batch_id: int) -> Data
     )
 
 
-def make_batch_handler(
-    cfg: ReplicaConfig,
-    schemas: dict[str, TableSchema],
-    on_batch: Callable[[BatchStats], None] | None = None,
-    crash_at: CrashPoint | None = None,
-    stop_requested: Callable[[], bool] | None = None,
-) -> BatchHandler:
-    """A ``foreachBatch`` function for ``cfg`` (closes over immutable config only).
+@dataclass(frozen=True)
+class _Batch:
+    """One micro-batch being handled: its id, session, stats, stage timer and the metadata of its commits."""
 
-    ``crash_at`` is for the fault harness: the process kills itself at that point of a batch.
+    batch_id: int
+    spark: SparkSession
+    generation: str
+    stats: BatchStats
+    stage: _Stages
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Decoded:
+    """The batch's changes per table (materialized), and what the decode counted of them."""
+
+    records: int  # every record of the batch, valid or rejected
+    rejected: int
+    changes: dict[str, DataFrame]
+    summaries: dict[str, _Summary]
+
+
+class BatchHandler:
+    """The ``foreachBatch`` function of one replica: decode, quarantine, then per table order and write, compact.
+
+    It holds no Spark state between batches except what it can rebuild (the checkpoint generation, which tables
+    are known to hold data, the retained deletes), and owns the threads that run a write beside a MERGE.
     """
-    generations: dict[str, str] = {}
-    filled: set[str] = set()  # tables known to hold data: they never need the emptiness check again
-    retained = _Retained()
 
-    def empty(spark: SparkSession, target: Target) -> bool:
-        if target.describe() in filled:
+    def __init__(
+        self,
+        cfg: ReplicaConfig,
+        schemas: dict[str, TableSchema],
+        hooks: BatchHooks | None = None,
+        stop_requested: Callable[[], bool] | None = None,
+    ) -> None:
+        self.cfg, self.schemas = cfg, schemas
+        self.hooks = hooks or BatchHooks()
+        self.stop_requested = stop_requested
+        #: The batch refused after a stop request (the query then fails with :class:`StopRequested`), or None.
+        self.refused: int | None = None
+        self._generation: str | None = None
+        self._filled: set[str] = set()  # tables known to hold data: they never need the emptiness check again
+        self._retained = _Retained()
+        self._beside = futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"replica-{cfg.name}-beside")
+
+    def close(self) -> None:
+        """Release the handler's threads (after its query stopped)."""
+        self._beside.shutdown(wait=True)
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        if self.stop_requested is not None and self.stop_requested():
+            self.refused = batch_id
+            raise StopRequested(f"replica {self.cfg.name}: stop requested, batch {batch_id} runs on the next start")
+        batch = self._begin(batch_df, batch_id)
+        self._at("before_batch", batch)
+        decoded = self._decode(batch, batch_df)
+        if decoded.records:
+            _size_for(batch.spark, decoded.records)
+            self._quarantine(batch, decoded)
+            self._at("after_quarantine", batch)
+            for table in self.cfg.tables:
+                self._apply(batch, decoded, table)
+            self._at("after_commit", batch)
+            self._compact(batch)
+        batch.stats.seconds = time.monotonic() - batch.stage.started
+        logger.info(batch.stats.line(self.cfg.name))
+        if decoded.records and self.hooks.after_batch is not None:
+            self.hooks.after_batch(batch.stats)
+
+    # ------------------------------------------------------------------------------------------------ stages
+    def _begin(self, batch_df: DataFrame, batch_id: int) -> _Batch:
+        spark = batch_df.sparkSession
+        if self._generation is None:
+            self._generation = checkpoint_generation(spark, self.cfg.checkpoint)
+        stats = BatchStats(batch_id=batch_id, offsets=batch_end_offsets(spark, self.cfg.checkpoint, batch_id))
+        metadata = {
+            "replica": self.cfg.name,
+            "batch_id": batch_id,
+            "generation": self._generation,
+            "offsets": {t: {str(p): o for p, o in parts.items()} for t, parts in stats.offsets.items()},
+        }
+        stage = _Stages(spark, stats, f"replica {self.cfg.name} batch {batch_id}")
+        return _Batch(batch_id, spark, self._generation, stats, stage, metadata)
+
+    def _decode(self, batch: _Batch, batch_df: DataFrame) -> _Decoded:
+        """Decode the batch into each table's changes, read from Kafka once and counted in the same job.
+
+        Each table's changes are checkpointed locally: that truncates the plan, so the later stages (and Delta's
+        MERGE, which plans its source several times) do not analyse the decoding expressions again.
+        """
+        with batch.stage("decode"):
+            env_df = decode.envelopes(batch_df, self.cfg, self.schemas)
+            alone = len(self.cfg.tables) == 1
+            if not alone:
+                env_df = env_df.persist()  # each table's changes are read from it
+            changes, observed = {}, {}
+            for i, t in enumerate(self.cfg.tables):
+                # The first table's changes also hold the envelopes routed to no table (rejected).
+                changes_df = decode.table_changes(env_df, self.schemas[t.name], unrouted=i == 0, alone=alone)
+                changes[t.name], observed[t.name] = _observed(changes_df, self.schemas[t.name])
+            summaries = {name: _summary(o, self.schemas[name]) for name, o in observed.items()}
+            env_df.unpersist()
+        records = sum(s.records for s in summaries.values())
+        rejected = sum(s.rejected for s in summaries.values())
+        batch.stats.records = records
+        return _Decoded(records, rejected, changes, summaries)
+
+    def _quarantine(self, batch: _Batch, decoded: _Decoded) -> None:
+        with batch.stage("quarantine"):
+            batch.stats.quarantined = decoded.rejected
+            if not decoded.rejected:
+                return
+            rejected_df = _union([decode.rejected(changes_df) for changes_df in decoded.changes.values()])
+            rows_df = quarantine_rows(rejected_df.dropDuplicates(_COORDINATES), self.cfg.name, batch.batch_id)
+            commit = Commit(app_id(self.cfg.name, "_quarantine", batch.generation), batch.batch_id, batch.metadata)
+            append_quarantine(self.cfg.quarantine, rows_df, commit)
+
+    def _apply(self, batch: _Batch, decoded: _Decoded, table: TableConfig) -> None:
+        """Order one table's changes against what it holds, then write the winners."""
+        schema, summary = self.schemas[table.name], decoded.summaries[table.name]
+        table_app = app_id(self.cfg.name, table.name, batch.generation)
+        with batch.stage(f"{table.name}: order"):
+            rows_empty = self._empty(batch.spark, table.target)
+            deletes_df = self._retained.of(batch.spark, schema, table_app, batch.batch_id)
+            winners = _winners(batch.spark, decoded.changes[table.name], summary, schema, deletes_df, rows_empty)
+        if winners is None:
+            return
+        applied = self._write(batch, table, schema, winners, rows_empty, summary.tombstones > 0)
+        if winners.deletes:
+            self._retained.add(table.name, winners.df, schema)
+        batch.stats.upserts += applied.upserted
+        batch.stats.deletes += winners.count_deletes() if rows_empty else applied.deleted
+
+    def _write(
+        self,
+        batch: _Batch,
+        table: TableConfig,
+        schema: TableSchema,
+        winners: _Winners,
+        rows_empty: bool,
+        kafka_tombstones: bool,
+    ) -> Applied:
+        """Append the winning deletes to the tombstone log and merge (or append) the winners into the table.
+
+        Without Kafka tombstones the two writes run side by side: a re-run decides the same winners whichever
+        of them committed (module docstring). Otherwise the tombstones go first.
+        """
+        table_app = app_id(self.cfg.name, table.name, batch.generation)
+        tombstone_commit = Commit(f"{table_app}:tombstones", batch.batch_id, batch.metadata)
+        tombstones = functools.partial(self._tombstones, batch, table, schema, winners, tombstone_commit)
+        beside = None
+        if winners.deletes and not kafka_tombstones:
+            beside = self._beside.submit(inheritable_thread_target(batch.spark)(tombstones))
+        else:
+            tombstones()
+        commit = Commit(table_app, batch.batch_id, batch.metadata)
+        try:
+            with batch.stage(f"{table.name}: merge"):
+                if rows_empty:
+                    applied = append_rows(table.target, winners.df, schema, commit)
+                else:
+                    applied = merge_rows(
+                        batch.spark, table.target, winners.df, schema, commit, winners.rows, winners.key_range
+                    )
+        finally:
+            if beside is not None:
+                futures.wait([beside])
+        if beside is not None:
+            beside.result()
+        return applied
+
+    def _tombstones(
+        self, batch: _Batch, table: TableConfig, schema: TableSchema, winners: _Winners, commit: Commit
+    ) -> None:
+        """Append the batch's winning deletes to the table's tombstone log (an append: see :func:`_winners`)."""
+        with batch.stage(f"{table.name}: tombstones"):
+            if winners.deletes:
+                append_tombstones(tombstone_target(table), winners.df, schema, commit)
+        self._at("after_tombstones", batch)
+
+    def _compact(self, batch: _Batch) -> None:
+        """Pack the small files of the replica's tables, between two batches: no MERGE of its own can conflict.
+
+        By batch id, so a replica run in short ``--available-now`` runs compacts as often as a long-running one.
+        """
+        every = self.cfg.compaction.every_batches
+        if not every or (batch.batch_id + 1) % every:
+            return
+        with batch.stage("compact"):
+            targets = [t for table in self.cfg.tables for t in (table.target, tombstone_target(table))]
+            done = []
+            for target in [*targets, self.cfg.quarantine]:
+                compacted = compact_files(batch.spark, target, self.cfg.compaction.small_file_mb << 20)
+                if compacted is not None and compacted.removed:
+                    done.append(f"{target.describe()} {compacted.removed} files into {compacted.added}")
+            logger.info("%s: compacted %s", batch.stage.label, ", ".join(done) or "nothing (no small files)")
+        self._at("after_compaction", batch)
+
+    # ------------------------------------------------------------------------------------------------ helpers
+    def _at(self, point: str, batch: _Batch) -> None:
+        if self.hooks.at is not None:
+            self.hooks.at(point, batch.batch_id)
+
+    def _empty(self, spark: SparkSession, target: Target) -> bool:
+        if target.describe() in self._filled:
             return False
         if is_empty(spark, target):
             return True
-        filled.add(target.describe())
+        self._filled.add(target.describe())
         return False
-
-    def crash(point: str, batch_id: int) -> None:
-        if crash_at is None or crash_at.point != point:
-            return
-        if crash_at.batch_id is None or crash_at.batch_id == batch_id:
-            logger.warning("replica %s batch %d: crashing at %s (REPLICA_CRASH_AT)", cfg.name, batch_id, point)
-            logging.shutdown()
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def handle(batch_df: DataFrame, batch_id: int) -> None:
-        if stop_requested is not None and stop_requested():
-            raise StopRequested(f"{STOP_MARKER}: batch {batch_id} of replica {cfg.name} runs on the next start")
-        started = time.monotonic()
-        spark = batch_df.sparkSession
-        if "id" not in generations:
-            generations["id"] = checkpoint_generation(spark, cfg.checkpoint)
-        generation = generations["id"]
-        stats = BatchStats(batch_id=batch_id, offsets=batch_end_offsets(spark, cfg.checkpoint, batch_id))
-        metadata = {
-            "replica": cfg.name,
-            "batch_id": batch_id,
-            "generation": generation,
-            "offsets": {t: {str(p): o for p, o in parts.items()} for t, parts in stats.offsets.items()},
-        }
-
-        crash("before_batch", batch_id)
-        stage = _Stages(spark, stats, f"replica {cfg.name} batch {batch_id}")
-        # Each stage is checkpointed locally: it truncates the plan, so later stages (and Delta's MERGE, which
-        # plans its source several times) do not re-analyse the decoding expressions; the batch's records are read
-        # from Kafka once, by the decode.
-        with stage("decode"):
-            env_df = decode.envelopes(batch_df, cfg, schemas)
-            if len(cfg.tables) > 1:
-                env_df = env_df.persist()  # each table's changes are read from it
-            # The first table's changes also hold the envelopes routed to no table (rejected).
-            alone = len(cfg.tables) == 1
-            changes, observed = {}, {}
-            for i, t in enumerate(cfg.tables):
-                changes_df = decode.table_changes(env_df, schemas[t.name], unrouted=i == 0, alone=alone)
-                changes[t.name], observed[t.name] = _observed(changes_df, schemas[t.name])
-            env_df.unpersist()
-            counts = _summaries(observed, schemas)
-            stats.records = counts["envelopes"]
-        if stats.records == 0:
-            stats.seconds = time.monotonic() - started
-            logger.info(stats.line(cfg.name))
-            return
-        _size_for(spark, stats.records)
-        with stage("quarantine"):
-            stats.quarantined = counts["rejected"]
-            if stats.quarantined:
-                rejected = _union([decode.rejected(changes_df) for changes_df in changes.values()])
-                quarantine_app = app_id(cfg.name, "_quarantine", generation)
-                quarantine_df = quarantine_rows(rejected.dropDuplicates(_COORDINATES), cfg.name, batch_id)
-                append_quarantine(cfg.quarantine, quarantine_df, Commit(quarantine_app, batch_id, metadata))
-        crash("after_quarantine", batch_id)
-        for table in cfg.tables:
-            schema, table_app = schemas[table.name], app_id(cfg.name, table.name, generation)
-            rows_target = table.target
-            with stage(f"{table.name}: order"):
-                rows_empty = empty(spark, rows_target)
-                deletes = retained.of(spark, schema, table_app, batch_id)
-                winners = _winners(spark, changes[table.name], counts[table.name], schema, deletes, rows_empty)
-            if winners is None:
-                continue
-            tombstones = functools.partial(
-                _append_tombstones,
-                stage,
-                table.name,
-                tombstone_target(table),
-                winners,
-                schema,
-                Commit(f"{table_app}:tombstones", batch_id, metadata),
-                functools.partial(crash, "after_tombstones", batch_id),
-            )
-            beside = None
-            if winners.deletes and not counts[table.name].tombstones:
-                # Beside the MERGE: without Kafka tombstones, a re-run decides the same winners whichever of
-                # the two writes committed (module docstring).
-                beside = _BESIDE.submit(inheritable_thread_target(spark)(tombstones))
-            else:
-                tombstones()
-            try:
-                with stage(f"{table.name}: merge"):
-                    table_commit = Commit(table_app, batch_id, metadata)
-                    if rows_empty:
-                        applied = append_rows(rows_target, winners.df, schema, table_commit)
-                    else:
-                        applied = merge_rows(
-                            spark, rows_target, winners.df, schema, table_commit, winners.rows, winners.key_range
-                        )
-            finally:
-                if beside is not None:
-                    futures.wait([beside])
-            if beside is not None:
-                beside.result()
-            if winners.deletes:
-                retained.add(table.name, winners.df, schema)
-            stats.upserts += applied.upserted
-            stats.deletes += winners.count_deletes() if rows_empty else applied.deleted
-        crash("after_commit", batch_id)
-        every = cfg.compaction.every_batches
-        if every and (batch_id + 1) % every == 0:
-            with stage("compact"):
-                _compact(spark, cfg, f"replica {cfg.name} batch {batch_id}")
-            crash("after_compaction", batch_id)
-        stats.seconds = time.monotonic() - started
-        logger.info(stats.line(cfg.name))
-        if on_batch is not None:
-            on_batch(stats)
-
-    return handle
 
 
 class _Stages:
@@ -245,6 +330,7 @@ class _Stages:
 
     def __init__(self, spark: SparkSession, stats: BatchStats, label: str) -> None:
         self.spark, self.stats, self.label = spark, stats, label
+        self.started = time.monotonic()
 
     @contextlib.contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -255,36 +341,6 @@ class _Stages:
         finally:
             self.spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
             self.stats.stages[name] = self.stats.stages.get(name, 0.0) + time.monotonic() - started
-
-
-def _compact(spark: SparkSession, cfg: ReplicaConfig, label: str) -> None:
-    """Pack the small files of the replica's tables, between two batches: no MERGE of its own can conflict.
-
-    By batch id, so a replica run in short ``--available-now`` runs compacts as often as a long-running one.
-    """
-    targets = [t for table in cfg.tables for t in (table.target, tombstone_target(table))] + [cfg.quarantine]
-    done = []
-    for target in targets:
-        compacted = compact_files(spark, target, cfg.compaction.small_file_mb << 20)
-        if compacted is not None and compacted.removed:
-            done.append(f"{target.describe()} {compacted.removed} files into {compacted.added}")
-    logger.info("%s: compacted %s", label, ", ".join(done) or "nothing (no small files)")
-
-
-def _append_tombstones(
-    stage: _Stages,
-    name: str,
-    target: Target,
-    winners: _Winners,
-    schema: TableSchema,
-    commit: Commit,
-    then: Callable[[], None],
-) -> None:
-    """Append the batch's winning deletes to the table's tombstone log (an append: see :func:`_winners`)."""
-    with stage(f"{name}: tombstones"):
-        if winners.deletes:
-            append_tombstones(target, winners.df, schema, commit)
-    then()
 
 
 _COORDINATES = ["_topic", "_partition", "_offset"]  # a record's place in the log: copies of a record share it
@@ -377,25 +433,19 @@ def _observed(changes_df: DataFrame, schema: TableSchema) -> tuple[DataFrame, Ob
     return observed.localCheckpoint(), observation
 
 
-def _summaries(observed: dict[str, Observation], schemas: dict[str, TableSchema]) -> dict[str, Any]:
-    """Envelopes and rejected records of the batch, and a :class:`_Summary` per table (from the decode's job)."""
-    result: dict[str, Any] = {"envelopes": 0, "rejected": 0}
-    for name, observation in observed.items():
-        row = observation.get
-        key_type = schemas[name].key_schema.fields[0].dataType
-        summary = _Summary(
-            int(row["valid"]),
-            int(row["rejected"]),
-            int(row["deletes"]),
-            int(row["tombstones"]),
-            (F.lit(row["low"]).cast(key_type), F.lit(row["high"]).cast(key_type)),
-            (F.lit(row["tombstone_low"]).cast(key_type), F.lit(row["tombstone_high"]).cast(key_type)),
-            int(row["records"]),
-        )
-        result[name] = summary
-        result["envelopes"] += summary.records
-        result["rejected"] += summary.rejected
-    return result
+def _summary(observation: Observation, schema: TableSchema) -> _Summary:
+    """What the decode's job counted of one table's changes."""
+    row = observation.get
+    key_type = schema.key_schema.fields[0].dataType
+    return _Summary(
+        int(row["valid"]),
+        int(row["rejected"]),
+        int(row["deletes"]),
+        int(row["tombstones"]),
+        (F.lit(row["low"]).cast(key_type), F.lit(row["high"]).cast(key_type)),
+        (F.lit(row["tombstone_low"]).cast(key_type), F.lit(row["tombstone_high"]).cast(key_type)),
+        int(row["records"]),
+    )
 
 
 def is_empty(spark: SparkSession, target: Target) -> bool:

@@ -60,27 +60,12 @@ FORMATS = ("native", "debezium")
 
 
 # ---------------------------------------------------------------------------------------------- local settings
-CRASH_POINTS = ("before_batch", "after_quarantine", "after_tombstones", "after_commit", "after_compaction")
-
-
-@dataclass(frozen=True)
-class CrashPoint:
-    """Fault injection for the fault harness: SIGKILL the job at ``point`` of a batch.
-
-    ``batch_id`` None means the first batch with records that this process runs.
-    """
-
-    point: str
-    batch_id: int | None = None
-
-
 @dataclass(frozen=True)
 class LocalSettings:
     """Where this checkout keeps its state (venv, jar cache, embedded broker, demo warehouse) and its Java."""
 
     state_dir: Path
     java_home: str | None
-    crash_at: CrashPoint | None = None
 
     @property
     def broker_dir(self) -> Path:
@@ -91,24 +76,7 @@ def local_settings(environ: Mapping[str, str] | None = None) -> LocalSettings:
     """Settings for local use: ``REPLICA_STATE_DIR`` (default ``<project>/.state``) and ``JAVA_HOME``."""
     env = os.environ if environ is None else environ
     state = Path(env.get("REPLICA_STATE_DIR") or PROJECT_ROOT / ".state").resolve()
-    return LocalSettings(
-        state_dir=state, java_home=env.get("JAVA_HOME") or None, crash_at=_crash_point(env.get("REPLICA_CRASH_AT"))
-    )
-
-
-def _crash_point(text: str | None) -> CrashPoint | None:
-    """``REPLICA_CRASH_AT=point`` or ``point:batch_id`` (the fault harness sets it; nobody else should)."""
-    if not text:
-        return None
-    point, _, batch = text.partition(":")
-    if point not in CRASH_POINTS or (batch and not batch.isdigit()):
-        raise ConfigError(
-            "environment",
-            "REPLICA_CRASH_AT",
-            f"{text!r} is not a crash point",
-            f"use one of {', '.join(CRASH_POINTS)}, optionally with :<batch id>, or unset it",
-        )
-    return CrashPoint(point, int(batch) if batch else None)
+    return LocalSettings(state_dir=state, java_home=env.get("JAVA_HOME") or None)
 
 
 # ---------------------------------------------------------------------------------------------- replica config

@@ -12,8 +12,8 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from replica_lib.batch import STOP_MARKER, BatchStats, make_batch_handler
-from replica_lib.config import CrashPoint, ReplicaConfig
+from replica_lib.batch import BatchHandler, BatchHooks
+from replica_lib.config import ReplicaConfig
 from replica_lib.errors import TopicError
 from replica_lib.recovery import (
     applied_so_far,
@@ -34,14 +34,23 @@ def start_replica(
     spark: SparkSession,
     cfg: ReplicaConfig,
     available_now: bool | None = None,
-    on_batch: Callable[[BatchStats], None] | None = None,
-    crash_at: CrashPoint | None = None,
+    hooks: BatchHooks | None = None,
     stop_requested: Callable[[], bool] | None = None,
 ) -> StreamingQuery:
     """Check the log and the checkpoint, create missing tables, then start the replica's query.
 
     The query runs in its own session (so its Delta write confs are its own) and is named after the replica.
     """
+    return _start(spark, cfg, available_now, hooks, stop_requested)[0]
+
+
+def _start(
+    spark: SparkSession,
+    cfg: ReplicaConfig,
+    available_now: bool | None,
+    hooks: BatchHooks | None,
+    stop_requested: Callable[[], bool] | None,
+) -> tuple[StreamingQuery, BatchHandler]:
     check_reachable(cfg)
     lock_checkpoint(cfg)
     session = spark.newSession()
@@ -50,7 +59,7 @@ def start_replica(
     schemas = ensure_replica_tables(session, cfg)
     claim_checkpoint(session, cfg)
     _check_no_data_loss(session, cfg)
-    handler = make_batch_handler(cfg, schemas, on_batch, crash_at, stop_requested)
+    handler = BatchHandler(cfg, schemas, hooks, stop_requested)
     writer = (
         read_changes(session, cfg, starting_offsets(session, cfg))
         .writeStream.queryName(cfg.name)
@@ -68,7 +77,7 @@ def start_replica(
         ",".join(cfg.topics),
         "available-now" if once else f"every {cfg.trigger.interval}",
     )
-    return query
+    return query, handler
 
 
 def batch_confs(spark: SparkSession) -> dict[str, str]:
@@ -94,14 +103,14 @@ def _check_no_data_loss(spark: SparkSession, cfg: ReplicaConfig) -> None:
 
 
 def run_replica(
-    spark: SparkSession, cfg: ReplicaConfig, available_now: bool | None = None, crash_at: CrashPoint | None = None
+    spark: SparkSession, cfg: ReplicaConfig, available_now: bool | None = None, hooks: BatchHooks | None = None
 ) -> None:
     """Run until the log is drained (available-now) or until SIGTERM/Ctrl-C, which stop after the current batch.
 
     Raises the query's ``StreamingQueryException`` if a batch fails.
     """
     stop = threading.Event()
-    query = start_replica(spark, cfg, available_now, crash_at=crash_at, stop_requested=stop.is_set)
+    query, handler = _start(spark, cfg, available_now, hooks, stop.is_set)
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
         logger.info("replica %s: %s received, stopping after the current batch", cfg.name, signal.Signals(signum).name)
@@ -118,7 +127,7 @@ def run_replica(
             query.stop()
         query.awaitTermination()  # re-raises a failure of the query
     except StreamingQueryException as exc:
-        if stop.is_set() and STOP_MARKER in str(exc):
+        if handler.refused is not None:  # the handler refused a batch because a stop was requested
             logger.info("replica %s stopped", cfg.name)
             return
         explained = explain(exc, cfg)
@@ -126,6 +135,7 @@ def run_replica(
             raise explained from exc
         raise
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, previous_handler in previous.items():
+            signal.signal(sig, previous_handler)
+        handler.close()
     logger.info("replica %s stopped", cfg.name)

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
+from replica_dev.embedded_kafka import EmbeddedKafka
 from replica_lib.config import LocalSettings, local_settings
-from replica_lib.embedded_kafka import EmbeddedKafka
 from replica_lib.session import build_session
 from replica_lib.topics import TopicAdmin, TopicSpec
 

@@ -14,9 +14,9 @@ from dataclasses import fields
 from pathlib import Path
 
 from jobs._cli import guarded, setup_logging
-from replica_lib.bench import CONTENDERS, BenchPlan, run_bench, summary_lines, write_report
+from replica_dev.bench import CONTENDERS, BenchPlan, run_bench, summary_lines, write_report
+from replica_dev.embedded_kafka import EmbeddedKafka
 from replica_lib.config import local_settings
-from replica_lib.embedded_kafka import EmbeddedKafka
 from replica_lib.session import build_session
 
 

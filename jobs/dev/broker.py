@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from jobs._cli import guarded, setup_logging
+from replica_dev.embedded_kafka import EmbeddedKafka, clean_orphans, find_brokers, probe, running_broker, stop_detached
 from replica_lib.config import local_settings
-from replica_lib.embedded_kafka import EmbeddedKafka, clean_orphans, find_brokers, probe, running_broker, stop_detached
 
 
 def main(argv: list[str]) -> int:

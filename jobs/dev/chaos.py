@@ -13,9 +13,10 @@ import tempfile
 from pathlib import Path
 
 from jobs._cli import guarded, setup_logging
-from replica_lib.chaos import ChaosPlan, run_chaos
-from replica_lib.config import CRASH_POINTS, local_settings
-from replica_lib.embedded_kafka import EmbeddedKafka
+from replica_dev.chaos import ChaosPlan, run_chaos
+from replica_dev.embedded_kafka import EmbeddedKafka
+from replica_dev.faults import CRASH_POINTS
+from replica_lib.config import local_settings
 from replica_lib.session import build_session
 
 

@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 
 from jobs._cli import guarded, setup_logging
-from replica_lib import loadgen
+from replica_dev import loadgen
+from replica_dev.embedded_kafka import EmbeddedKafka
+from replica_dev.model import fold
 from replica_lib.config import PROJECT_ROOT, load_replica, local_settings
-from replica_lib.embedded_kafka import EmbeddedKafka
 from replica_lib.errors import ReplicaError
-from replica_lib.model import fold
 from replica_lib.producer import ChangeProducer
 from replica_lib.topics import TopicAdmin, TopicSpec
 

@@ -7,7 +7,7 @@ import os
 import sys
 
 from jobs._cli import guarded, setup_logging
-from replica_lib import loadgen
+from replica_dev import loadgen
 from replica_lib.producer import ChangeProducer
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from jobs._cli import guarded, setup_logging
+from replica_dev import maven
 from replica_lib import artifacts
 from replica_lib.config import local_settings
 from replica_lib.session import build_session
@@ -15,10 +16,10 @@ def main(argv: list[str]) -> int:
     settings = local_settings()
 
     def body() -> int:
-        java = artifacts.find_java(settings.java_home)
+        java = maven.find_java(settings.java_home)
         print(f"Java {java.major}: {java.executable}")
-        jars = artifacts.resolve_jars(java, artifacts.BROKER_PACKAGES, settings.state_dir, "kafka-broker")
-        print(f"Kafka broker {artifacts.KAFKA_BROKER_VERSION}: {len(jars)} jars cached")
+        jars = maven.resolve_jars(java, maven.BROKER_PACKAGES, settings.state_dir, "kafka-broker")
+        print(f"Kafka broker {maven.KAFKA_BROKER_VERSION}: {len(jars)} jars cached")
         spark = build_session("replica-setup", settings, master="local[1]")
         print(f"Spark {spark.version} with {', '.join(artifacts.SPARK_PACKAGES)}: ready")
         spark.stop()

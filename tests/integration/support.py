@@ -9,8 +9,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from replica_dev.model import LoggedChange, fold
 from replica_lib.config import ReplicaConfig, parse_replica
-from replica_lib.model import LoggedChange, fold
 from replica_lib.producer import Change, ChangeProducer, ProducerSettings
 from replica_lib.stream import start_replica
 from replica_lib.target import read_table, table_schema

@@ -18,9 +18,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from jobs import broker as broker_job
-from replica_lib import artifacts
+from replica_dev import maven
+from replica_dev.embedded_kafka import EmbeddedKafka, find_brokers
 from replica_lib.config import PROJECT_ROOT, LocalSettings
-from replica_lib.embedded_kafka import EmbeddedKafka, find_brokers
 from replica_lib.errors import BrokerError, ProducerError, SetupError
 from replica_lib.producer import Change, ChangeProducer, Position, encode_key, encode_value
 from replica_lib.topics import TopicAdmin, TopicSpec
@@ -161,7 +161,7 @@ CHILD = textwrap.dedent(
     import sys
     from pathlib import Path
 
-    from replica_lib.embedded_kafka import EmbeddedKafka
+    from replica_dev.embedded_kafka import EmbeddedKafka
 
     broker = EmbeddedKafka(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] or None).start()
     print(broker.pid, flush=True)
@@ -212,9 +212,9 @@ def test_broker_job_reports_no_broker_for_an_empty_state_dir(
 
 
 def test_a_failed_artifact_download_says_what_and_how_to_fix(settings: LocalSettings, tmp_path: Path) -> None:
-    java = artifacts.find_java(settings.java_home)
+    java = maven.find_java(settings.java_home)
     with pytest.raises(SetupError) as caught:
-        artifacts.resolve_jars(java, ("org.apache.kafka:no-such-artifact-replica:0.0.1",), tmp_path, "missing")
+        maven.resolve_jars(java, ("org.apache.kafka:no-such-artifact-replica:0.0.1",), tmp_path, "missing")
     message = str(caught.value)
     assert "could not download missing jars from Maven Central" in message
     assert "no-such-artifact-replica" in message

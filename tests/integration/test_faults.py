@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from replica_lib.chaos import ChaosPlan, run_broker_outages, run_chaos, run_second_instance
-from replica_lib.config import CRASH_POINTS, LocalSettings
-from replica_lib.embedded_kafka import EmbeddedKafka
+from replica_dev.chaos import ChaosPlan, run_broker_outages, run_chaos, run_second_instance
+from replica_dev.embedded_kafka import EmbeddedKafka
+from replica_dev.faults import CRASH_POINTS
+from replica_lib.config import LocalSettings
 
 pytestmark = pytest.mark.integration
 

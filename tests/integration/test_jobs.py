@@ -15,7 +15,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
-from replica_lib import loadgen
+from replica_dev import loadgen
 from replica_lib.config import PROJECT_ROOT, load_replica
 from replica_lib.producer import ChangeProducer
 from tests.integration.support import end_offsets, expected_df, replica_df

@@ -10,7 +10,7 @@ from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from replica_lib import loadgen
+from replica_dev import loadgen
 from replica_lib.producer import ChangeProducer
 from replica_lib.progress import applied_offsets
 from replica_lib.views import register_views

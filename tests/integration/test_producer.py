@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 from confluent_kafka import Consumer
 
-from replica_lib.embedded_kafka import free_port
+from replica_dev.embedded_kafka import free_port
 from replica_lib.errors import ProducerError
 from replica_lib.producer import Change, ChangeProducer, Position, ProducerSettings, encode_key, encode_value
 from replica_lib.topics import TopicAdmin, TopicSpec

@@ -11,7 +11,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
-from replica_lib.batch import BatchStats
+from replica_lib.batch import BatchHooks, BatchStats
 from replica_lib.errors import CheckpointError, DataLossError
 from replica_lib.stream import start_replica
 from replica_lib.topics import TopicAdmin, TopicSpec
@@ -43,7 +43,7 @@ def test_a_lost_checkpoint_resumes_from_the_offsets_in_the_delta_commits(
     log += newer
 
     stats: list[BatchStats] = []
-    query = start_replica(spark, cfg, available_now=True, on_batch=stats.append)
+    query = start_replica(spark, cfg, available_now=True, hooks=BatchHooks(after_batch=stats.append))
     try:
         assert query.awaitTermination(RUN_TIMEOUT_S)
     finally:

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from chispa import assert_df_equality
 from confluent_kafka import Producer
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from replica_dev.model import LoggedChange
 from replica_lib import stream
 from replica_lib.config import CompactionConfig, ReplicaConfig, Target
 from replica_lib.maintenance import compact_tombstones
 from replica_lib.merge import delta_table
-from replica_lib.model import LoggedChange
 from replica_lib.producer import Change, ChangeProducer, ProducerSettings
 from replica_lib.progress import applied_offsets
 from replica_lib.target import read_table, tombstone_target
@@ -123,13 +123,12 @@ def test_records_delivered_twice_in_a_batch_are_applied_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Every batch handed to the handler holds each record twice: the tables must be as if it held them once."""
-    make_handler = stream.make_batch_handler
 
-    def doubling(*args: Any, **kwargs: Any) -> Any:
-        handle = make_handler(*args, **kwargs)
-        return lambda batch_df, batch_id: handle(batch_df.unionAll(batch_df), batch_id)
+    class Doubling(stream.BatchHandler):
+        def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+            super().__call__(batch_df.unionAll(batch_df), batch_id)
 
-    monkeypatch.setattr(stream, "make_batch_handler", doubling)
+    monkeypatch.setattr(stream, "BatchHandler", Doubling)
     topic = topic_factory(partitions=2)
     cfg = replica_config(tmp_path, connection["bootstrap.servers"], "twice", {"orders": orders_table(topic)})
     log = produce(
@@ -186,7 +185,7 @@ def test_a_table_compacted_between_runs_goes_on_exactly(
     spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
 ) -> None:
     """OPTIMIZE packs a replica table's small files (and its tombstone table's) between two runs: nothing changes."""
-    from replica_lib import loadgen
+    from replica_dev import loadgen
 
     topic = topic_factory(partitions=2)
     orders = {"orders": orders_table(topic)}
@@ -218,7 +217,7 @@ def test_the_replica_packs_its_small_files_every_n_batches(
 ) -> None:
     """After every 3rd batch by id, across runs, the replica OPTIMIZEs its tables; no row or offset changes, and
     a re-run of a batch that compacted commits nothing (its writes are skipped, no small file is left)."""
-    from replica_lib import loadgen
+    from replica_dev import loadgen
 
     topic = topic_factory(partitions=2)
     cfg = replica_config(
@@ -438,7 +437,7 @@ def test_multi_table_topic_and_debezium_topic_in_one_replica(
 def test_two_replicas_of_one_topic_converge(
     spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
 ) -> None:
-    from replica_lib import loadgen
+    from replica_dev import loadgen
     from replica_lib.stream import start_replica
 
     topic = topic_factory(partitions=3)

@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from jobs import topics as topics_job
-from replica_lib.embedded_kafka import free_port
+from replica_dev.embedded_kafka import free_port
 from replica_lib.errors import TopicError
 from replica_lib.topics import DAY_MS, TopicAdmin, TopicReport, TopicSpec
 

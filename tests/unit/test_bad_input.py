@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from jobs import materialize
+from replica_dev.embedded_kafka import free_port
 from replica_lib.config import PROJECT_ROOT, parse_replica
-from replica_lib.embedded_kafka import free_port
 from replica_lib.errors import ConfigError
 from replica_lib.source import check_reachable
 

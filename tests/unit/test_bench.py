@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from replica_lib.bench import BenchPlan, Event, freshness_lags, percentile, ratios, workload
+from replica_dev.bench import BenchPlan, Event, freshness_lags, percentile, ratios, workload
 from replica_lib.errors import ConfigError
 
 

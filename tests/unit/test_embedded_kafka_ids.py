@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from replica_lib import embedded_kafka
+from replica_dev import embedded_kafka
 
 
 def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""replica_lib.loadgen.generate: the seeded demo workload (no I/O)."""
+"""replica_dev.loadgen.generate: the seeded demo workload (no I/O)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from replica_lib.loadgen import Workload, generate
-from replica_lib.model import LoggedChange, fold
+from replica_dev.loadgen import Workload, generate
+from replica_dev.model import LoggedChange, fold
 from replica_lib.producer import Change, Position
 
 CHURN = Workload(keys=5, events=400, update_share=0.3, delete_share=0.3, seed=11)

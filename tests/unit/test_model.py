@@ -1,11 +1,11 @@
-"""replica_lib.model.fold: the reference model every replica table must equal."""
+"""replica_dev.model.fold: the reference model every replica table must equal."""
 
 from __future__ import annotations
 
 import random
 from typing import Any
 
-from replica_lib.model import LoggedChange, fold
+from replica_dev.model import LoggedChange, fold
 from replica_lib.producer import Change, Position
 
 KEYS = {"orders": ("order_id",)}

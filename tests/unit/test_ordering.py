@@ -9,7 +9,7 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 
-from replica_lib.model import LoggedChange, fold
+from replica_dev.model import LoggedChange, fold
 from replica_lib.ordering import latest_per_key
 from replica_lib.producer import Change as LogChange
 from replica_lib.producer import Position

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from replica_lib import artifacts
+from replica_dev import maven
 from replica_lib.errors import SetupError
 
 
@@ -20,15 +20,15 @@ from replica_lib.errors import SetupError
     ],
 )
 def test_parse_java_major(output: str, major: int) -> None:
-    assert artifacts.parse_java_major(output) == major
+    assert maven.parse_java_major(output) == major
 
 
 def test_parse_java_major_of_unrelated_output_is_none() -> None:
-    assert artifacts.parse_java_major("bash: java: command not found") is None
+    assert maven.parse_java_major("bash: java: command not found") is None
 
 
 def test_find_java_with_a_missing_java_home_raises_setup_error(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-jdk"
 
     with pytest.raises(SetupError, match="no-such-jdk"):
-        artifacts.find_java(str(missing))
+        maven.find_java(str(missing))

@@ -1,0 +1,50 @@
+"""Crash windows for the fault harness: batch hooks that SIGKILL the job at a named point of a batch."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass
+
+from replica_lib.batch import HOOK_POINTS, BatchHooks
+from replica_lib.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+CRASH_POINTS = HOOK_POINTS
+#: The environment variable the fault harness sets on the job it launches (``jobs/dev/faulty_replica.py``).
+CRASH_ENV = "REPLICA_CRASH_AT"
+
+
+@dataclass(frozen=True)
+class CrashPoint:
+    """SIGKILL the job at ``point`` of a batch; ``batch_id`` None means the first batch with records."""
+
+    point: str
+    batch_id: int | None = None
+
+    def hooks(self) -> BatchHooks:
+        return BatchHooks(at=self._at)
+
+    def _at(self, point: str, batch_id: int) -> None:
+        if point != self.point or (self.batch_id is not None and self.batch_id != batch_id):
+            return
+        logger.warning("batch %d: crashing at %s (%s)", batch_id, point, CRASH_ENV)
+        logging.shutdown()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def crash_point(text: str | None) -> CrashPoint | None:
+    """``point`` or ``point:batch_id`` (what the harness puts in ``REPLICA_CRASH_AT``); None for nothing."""
+    if not text:
+        return None
+    point, _, batch = text.partition(":")
+    if point not in CRASH_POINTS or (batch and not batch.isdigit()):
+        raise ConfigError(
+            "environment",
+            CRASH_ENV,
+            f"{text!r} is not a crash point",
+            f"use one of {', '.join(CRASH_POINTS)}, optionally with :<batch id>, or unset it",
+        )
+    return CrashPoint(point, int(batch) if batch else None)
