@@ -40,7 +40,7 @@ import json
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -361,7 +361,7 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
     if not isinstance(tables_doc, dict) or not tables_doc:
         raise r.fail("tables", "no tables", "add at least one [tables.<name>] section")
     tables = tuple(_parse_table(r, tname, tdoc) for tname, tdoc in tables_doc.items())
-    return ReplicaConfig(
+    cfg = ReplicaConfig(
         name=name,
         source_file=source,
         kafka=kafka,
@@ -373,6 +373,8 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
         tombstone_retention_s=tombstone_retention_s,
         compaction=compaction,
     )
+    _check_layout(cfg)
+    return cfg
 
 
 def _json_object(text: str) -> bool:
@@ -408,4 +410,390 @@ def _parse_table(r: _Reader, name: str, doc: Any) -> TableConfig:
     )
     if table.include_columns and table.exclude_columns:
         raise r.fail(where, "both include_columns and exclude_columns are set", "keep only one of them")
+    _check_schema(r, table)
     return table
+
+
+# ---------------------------------------------------------------------------------------------- schema checks
+# A pure-Python reading of the Spark DDL that a table's ``schema`` is written in (the subset a replica supports),
+# so that a file is checked when it is loaded, with no JVM: the result is Spark's JSON form of the schema
+# (``pyspark.sql.types.StructType.fromJson`` turns it into types; a test checks it against Spark's own parser).
+_ATOMIC = {
+    "boolean": "boolean",
+    "tinyint": "byte",
+    "byte": "byte",
+    "smallint": "short",
+    "short": "short",
+    "int": "integer",
+    "integer": "integer",
+    "bigint": "long",
+    "long": "long",
+    "float": "float",
+    "real": "float",
+    "double": "double",
+    "date": "date",
+    "timestamp": "timestamp",
+    "timestamp_ltz": "timestamp",
+    "timestamp_ntz": "timestamp_ntz",
+    "string": "string",
+    "binary": "binary",
+}
+_DECIMALS = ("decimal", "dec", "numeric")
+_CHARS = {"char": "char", "character": "char", "varchar": "varchar"}
+_SUPPORTED = "BOOLEAN, TINYINT, SMALLINT, INT, BIGINT, FLOAT, DOUBLE, DECIMAL(p,s), STRING, CHAR(n), VARCHAR(n), "
+_SUPPORTED += "BINARY, DATE, TIMESTAMP, TIMESTAMP_NTZ, ARRAY<t>, MAP<k,v>, STRUCT<name: t, ...>"
+_TOKEN = re.compile(
+    r"\s*(?:(?P<quoted>`(?:[^`]|``)*`)|(?P<string>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")"
+    r"|(?P<word>[A-Za-z0-9_]+)|(?P<punct>[<>(),:]))"
+)
+#: Key columns: types whose values compare exactly and come as plain JSON values (no NaN, no bytes, no nesting).
+_KEY_TYPES = {"boolean", "byte", "short", "integer", "long", "string", "date", "timestamp", "timestamp_ntz"}
+#: Sequence columns: read as a long (``decode.table_changes``), so integers only.
+_SEQ_TYPES = {"byte", "short", "integer", "long"}
+
+
+class DdlError(ValueError):
+    """A table schema that is not Spark DDL of the supported types; says where it goes wrong."""
+
+
+@dataclass(frozen=True)
+class SchemaColumn:
+    """One top-level column of a table schema, its type in Spark's JSON form (``"long"``, ``{"type": ...}``)."""
+
+    name: str
+    type: Any
+    nullable: bool = True
+    comment: str | None = None
+
+    def json_field(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "type": self.type,
+            "nullable": self.nullable,
+            "metadata": {} if self.comment is None else {"comment": self.comment},
+        }
+
+
+def _type_text(spark_type: Any) -> str:
+    if isinstance(spark_type, str):
+        return spark_type
+    kind = spark_type["type"]
+    if kind == "array":
+        return f"array<{_type_text(spark_type['elementType'])}>"
+    if kind == "map":
+        return f"map<{_type_text(spark_type['keyType'])},{_type_text(spark_type['valueType'])}>"
+    return "struct<" + ",".join(f"{f['name']}:{_type_text(f['type'])}" for f in spark_type["fields"]) + ">"
+
+
+class _DdlParser:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens: list[tuple[str, str, int]] = []  # (kind, value, position)
+        pos = 0
+        while pos < len(text):
+            match = _TOKEN.match(text, pos)
+            if match is None or match.end() == pos:
+                if text[pos:].strip() == "":
+                    break
+                start = len(text[pos:]) - len(text[pos:].lstrip()) + pos
+                raise DdlError(f"unexpected {text[start]!r} at character {start + 1}")
+            kind = match.lastgroup or ""
+            self.tokens.append((kind, match.group(kind), match.start(kind)))
+            pos = match.end()
+        self.i = 0
+
+    def peek(self) -> tuple[str, str, int] | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def where(self) -> str:
+        token = self.peek()
+        return f"at {token[1]!r} (character {token[2] + 1})" if token else "at the end"
+
+    def take(self, value: str) -> bool:
+        token = self.peek()
+        if token is not None and token[0] in ("punct", "word") and token[1].lower() == value:
+            self.i += 1
+            return True
+        return False
+
+    def expect(self, value: str, what: str) -> None:
+        if not self.take(value):
+            raise DdlError(f"expected {what} {self.where()}")
+
+    def name(self) -> str:
+        token = self.peek()
+        if token is None or token[0] not in ("word", "quoted"):
+            raise DdlError(f"expected a column name {self.where()}")
+        self.i += 1
+        return token[1][1:-1].replace("``", "`") if token[0] == "quoted" else token[1]
+
+    def integer(self) -> int:
+        token = self.peek()
+        if token is None or token[0] != "word" or not token[1].isdigit():
+            raise DdlError(f"expected a number {self.where()}")
+        self.i += 1
+        return int(token[1])
+
+    def column(self) -> SchemaColumn:
+        name = self.name()
+        self.take(":")
+        spark_type = self.data_type()
+        nullable = True
+        if self.take("not"):
+            self.expect("null", "NULL after NOT")
+            nullable = False
+        comment = None
+        if self.take("comment"):
+            token = self.peek()
+            if token is None or token[0] != "string":
+                raise DdlError(f"expected a quoted comment {self.where()}")
+            self.i += 1
+            comment = re.sub(r"\\(.)", r"\1", token[1][1:-1])
+        return SchemaColumn(name, spark_type, nullable, comment)
+
+    def data_type(self) -> Any:
+        token = self.peek()
+        if token is None or token[0] != "word":
+            raise DdlError(f"expected a type {self.where()}")
+        self.i += 1
+        word = token[1].lower()
+        if word == "array":
+            self.expect("<", "'<' after ARRAY")
+            element = self.data_type()
+            self.expect(">", "'>' closing ARRAY<")
+            return {"type": "array", "elementType": element, "containsNull": True}
+        if word == "map":
+            self.expect("<", "'<' after MAP")
+            key = self.data_type()
+            self.expect(",", "',' between MAP's key and value types")
+            value = self.data_type()
+            self.expect(">", "'>' closing MAP<")
+            return {"type": "map", "keyType": key, "valueType": value, "valueContainsNull": True}
+        if word == "struct":
+            self.expect("<", "'<' after STRUCT")
+            fields: list[SchemaColumn] = []
+            if not self.take(">"):
+                fields.append(self.column())
+                while self.take(","):
+                    fields.append(self.column())
+                self.expect(">", "',' or '>' in STRUCT<")
+            return {"type": "struct", "fields": [f.json_field() for f in fields]}
+        if word in _DECIMALS:
+            precision, scale = 10, 0
+            if self.take("("):
+                precision = self.integer()
+                if self.take(","):
+                    scale = self.integer()
+                self.expect(")", "')' closing DECIMAL(")
+            if not 1 <= precision <= 38 or scale > precision:
+                raise DdlError(f"DECIMAL({precision},{scale}): precision must be 1 to 38 and scale at most precision")
+            return f"decimal({precision},{scale})"
+        if word in _CHARS:
+            self.expect("(", f"a length: {word.upper()}(n)")
+            length = self.integer()
+            self.expect(")", f"')' closing {word.upper()}(")
+            if length < 1:
+                raise DdlError(f"{word.upper()}({length}): the length must be at least 1")
+            return f"{_CHARS[word]}({length})"
+        if word in _ATOMIC:
+            return _ATOMIC[word]
+        raise DdlError(f"type {token[1]!r} (character {token[2] + 1}) is not supported; use one of {_SUPPORTED}")
+
+    def schema(self) -> list[SchemaColumn]:
+        if not self.tokens:
+            raise DdlError("no columns")
+        columns = [self.column()]
+        while self.take(","):
+            columns.append(self.column())
+        if self.peek() is not None:
+            raise DdlError(f"expected ',' or the end {self.where()}")
+        return columns
+
+
+def parse_schema(text: str) -> list[SchemaColumn]:
+    """Parse a table's DDL schema (``"id BIGINT, name STRING"``) without Spark; raises :class:`DdlError`."""
+    return _DdlParser(text).schema()
+
+
+def schema_json(text: str) -> dict[str, Any]:
+    """A table's DDL schema in Spark's JSON form, for ``pyspark.sql.types.StructType.fromJson``."""
+    return {"type": "struct", "fields": [c.json_field() for c in parse_schema(text)]}
+
+
+def check_table_schema(table: TableConfig, source_file: str) -> None:
+    """Raise :class:`ConfigError` unless ``table``'s schema, keys, sequence and column lists fit together."""
+    _check_schema(_Reader(source_file, {}), table)
+
+
+def _check_schema(r: _Reader, table: TableConfig) -> None:
+    """What a table's schema, keys and column lists must satisfy, checked from the file alone."""
+    where = f"tables.{table.name}"
+    try:
+        columns = parse_schema(table.schema)
+    except DdlError as exc:
+        raise r.fail(
+            f"{where}.schema", f"not a valid schema: {exc}", 'e.g. schema = "id BIGINT, name STRING"'
+        ) from None
+    types = {c.name: c.type for c in columns}
+    seen: dict[str, str] = {}
+    for column in columns:
+        if column.name.startswith("_src_"):
+            raise r.fail(f"{where}.schema", f"column {column.name} uses the reserved _src_ prefix", "rename it")
+        if column.name.lower() in seen:
+            raise r.fail(
+                f"{where}.schema", f"column {column.name} is declared twice (names ignore case)", "rename or drop one"
+            )
+        seen[column.name.lower()] = column.name
+    names = ", ".join(types)
+    for label, listed in (
+        ("keys", table.keys),
+        ("include_columns", table.include_columns),
+        ("exclude_columns", table.exclude_columns),
+    ):
+        for column_name in listed:
+            if column_name not in types:
+                raise r.fail(f"{where}.{label}", f"{column_name} is not a column of the schema", f"use one of {names}")
+        if len(set(listed)) != len(listed):
+            raise r.fail(f"{where}.{label}", f"lists a column twice: {list(listed)}", "name each column once")
+    for key in table.keys:
+        if key in table.exclude_columns:
+            raise r.fail(f"{where}.exclude_columns", f"{key} is a key column", "key columns are always kept; remove it")
+        key_type = types[key]
+        if key_type not in _KEY_TYPES and not str(key_type).startswith(("decimal(", "char(", "varchar(")):
+            raise r.fail(
+                f"{where}.keys",
+                f"key column {key} has type {_type_text(key_type)}, which cannot key a row exactly",
+                "key by integer, decimal, string, date, timestamp or boolean columns",
+            )
+    seq = table.sequence_by
+    if seq is None:
+        return
+    if seq in types:
+        seq_type = types[seq]
+        if seq_type not in _SEQ_TYPES and not re.fullmatch(r"decimal\(\d+,0\)", str(seq_type)):
+            raise r.fail(
+                f"{where}.sequence_by",
+                f"column {seq} has type {_type_text(seq_type)}; a sequence is read as a whole number",
+                "order by an integer column (BIGINT, INT), or by the envelope's seq",
+            )
+    elif table.format == "native" and seq != "seq":
+        raise r.fail(
+            f"{where}.sequence_by",
+            f"{seq} is neither the envelope's seq nor a column of the schema",
+            f'use "seq" or one of {names}',
+        )
+    elif table.format == "debezium" and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", seq):
+        raise r.fail(
+            f"{where}.sequence_by",
+            f"{seq!r} is neither a column of the schema nor a field path of the Debezium payload",
+            'use a column name or a payload field such as "source.lsn"',
+        )
+
+
+# ---------------------------------------------------------------------------------------------- layout checks
+def tombstone_location(target: Target) -> Target:
+    """Where a table's retained deletes live: beside it, as ``<path>__tombstones`` or ``<name>__tombstones``."""
+    if target.path:
+        return Target(path=target.path.rstrip("/") + "__tombstones")
+    return Target(table=f"{target.table}__tombstones")
+
+
+def _location(path: str) -> str:
+    """A path compared as a location: ``file:`` and trailing slashes dropped, ``.`` and ``..`` resolved."""
+    if path.startswith("file://"):
+        path = path[len("file://") :]
+    elif path.startswith("file:"):
+        path = path[len("file:") :]
+    if "://" in path:
+        scheme, rest = path.split("://", 1)
+        return f"{scheme.lower()}://{os.path.normpath('/' + rest).lstrip('/')}"
+    return os.path.normpath(os.path.abspath(path))
+
+
+def _overlap(place: str, other: str) -> bool:
+    """Whether two places are the same, or one path lies inside the other (catalog names only match exactly)."""
+    if place.startswith("table:") or other.startswith("table:"):
+        return place == other
+    return any(a == b or a.startswith(b.rstrip("/") + "/") for a, b in ((place, other), (other, place)))
+
+
+def _place(target: Target) -> str:
+    return _location(target.path) if target.path else f"table:{str(target.table).lower()}"
+
+
+def _storage(cfg: ReplicaConfig) -> list[tuple[str, str, str]]:
+    """Every place a replica writes a table: (what, config key, location or ``table:<catalog name>``)."""
+    places = []
+    for table in cfg.tables:
+        key = f"tables.{table.name}.target"
+        places.append((f"table {table.name}", key, _place(table.target)))
+        places.append((f"the retained deletes of {table.name}", key, _place(tombstone_location(table.target))))
+    places.append(("the quarantine table", "replica.quarantine", _place(cfg.quarantine)))
+    return places
+
+
+def _check_layout(cfg: ReplicaConfig) -> None:
+    """Each table, its retained deletes, the quarantine and the checkpoint in a place of its own; one format per topic.
+
+    Two writers in one place mix their rows (and a folder inside a table's folder is deleted by its VACUUM).
+    """
+    r = _Reader(cfg.source_file, {})
+    places = _storage(cfg)
+    for i, (what, key, place) in enumerate(places):
+        for other_what, _, other in places[:i]:
+            if _overlap(place, other):
+                raise r.fail(
+                    key,
+                    f"{what} and {other_what} share a location ({place})",
+                    "give every table a folder of its own, apart from the others and from their <path>__tombstones",
+                )
+    checkpoint = _location(cfg.checkpoint)
+    for what, key, place in places:
+        if _overlap(checkpoint, place):
+            raise r.fail(
+                "replica.checkpoint",
+                f"{cfg.checkpoint} overlaps the location of {what} ({key})",
+                "keep the checkpoint in a folder of its own, outside every table",
+            )
+    by_topic: dict[str, list[TableConfig]] = {}
+    for table in cfg.tables:
+        by_topic.setdefault(table.topic, []).append(table)
+    for topic, tables in by_topic.items():
+        formats = sorted({t.format for t in tables})
+        if len(formats) > 1:
+            raise r.fail(
+                f"tables.{tables[-1].name}.format",
+                f"topic {topic} feeds tables of different formats ({', '.join(formats)})",
+                "a topic has one format: give every table of the topic the same format",
+            )
+        if formats == ["debezium"] and len(tables) > 1:
+            raise r.fail(
+                f"tables.{tables[-1].name}.topic",
+                f"Debezium topic {topic} feeds {len(tables)} tables ({', '.join(t.name for t in tables)}), and its "
+                "records name no replica table",
+                "Debezium writes one table per topic: give each table its own topic",
+            )
+
+
+def load_replicas(paths: Sequence[str | Path], environ: Mapping[str, str] | None = None) -> tuple[ReplicaConfig, ...]:
+    """Load replica files that run side by side: each needs its own name, checkpoint and table locations."""
+    configs = tuple(load_replica(path, environ) for path in paths)
+    for i, cfg in enumerate(configs):
+        r = _Reader(cfg.source_file, {})
+        mine = [*_storage(cfg), ("its checkpoint", "replica.checkpoint", _location(cfg.checkpoint))]
+        for other in configs[:i]:
+            if cfg.name == other.name:
+                raise r.fail(
+                    "replica.name", f"{cfg.name} is also the name of {other.source_file}", "name each replica once"
+                )
+            theirs = [*_storage(other), ("its checkpoint", "replica.checkpoint", _location(other.checkpoint))]
+            for what, key, place in mine:
+                for other_what, _, other_place in theirs:
+                    if _overlap(place, other_place):
+                        raise r.fail(
+                            key,
+                            f"{what} and {other_what} of replica {other.name} ({other.source_file}) share a location "
+                            f"({place})",
+                            "give each replica its own checkpoint and table locations",
+                        )
+    return configs

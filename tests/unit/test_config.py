@@ -307,7 +307,7 @@ def test_full_table_options_parse() -> None:
         }
     )
     doc["tables"]["lines"] = {
-        "topic": "orders",
+        "topic": "order_lines",
         "keys": ["order_id", "line"],
         "schema": "order_id BIGINT, line INT, sku STRING",
         "target": {"path": "/t/lines"},
@@ -329,7 +329,7 @@ def test_full_table_options_parse() -> None:
     assert lines.keys == ("order_id", "line")
     assert lines.include_columns == ("sku",)
     assert lines.target.describe() == "delta.`/t/lines`"
-    assert cfg.topics == ("orders",)
+    assert cfg.topics == ("order_lines", "orders")
 
 
 # ---------------------------------------------------------------------------------------------- kafka options
