@@ -1,0 +1,122 @@
+"""The batch handler on its own: called directly on a static DataFrame, and failing inside a running query."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+
+from replica_lib.batch import BatchHandler, BatchHooks
+from replica_lib.config import ReplicaConfig
+from replica_lib.merge import delta_table
+from replica_lib.progress import applied_offsets
+from replica_lib.stream import batch_confs, start_replica
+from replica_lib.target import ensure_replica_tables, read_table
+from tests.integration.support import (
+    RUN_TIMEOUT_S,
+    delete,
+    end_offsets,
+    orders_table,
+    produce,
+    replica_config,
+    run_available_now,
+    tombstone,
+    upsert,
+)
+from tests.integration.test_semantics import assert_matches_model, produce_raw
+
+pytestmark = pytest.mark.integration
+
+
+def _static_batch(spark: SparkSession, cfg: ReplicaConfig, topic: str) -> DataFrame:
+    """The whole topic as one static DataFrame in the shape of Spark's Kafka source (what foreachBatch gets)."""
+    return (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", cfg.kafka.bootstrap_servers)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", "latest")
+        .option("kafka.isolation.level", "read_committed")
+        .load()
+        .select("key", "value", "topic", "partition", "offset", "timestamp")
+    )
+
+
+def _checkpoint_of_one_batch(cfg: ReplicaConfig, topic: str, ends: dict[int, int]) -> None:
+    """What Spark writes before it runs batch 0: the checkpoint's id and the batch's end offsets."""
+    root = Path(cfg.checkpoint)
+    (root / "offsets").mkdir(parents=True)
+    (root / "metadata").write_text(json.dumps({"id": "handler-test"}))
+    (root / "offsets" / "0").write_text(f"v1\n{{}}\n{json.dumps({topic: {str(p): o for p, o in ends.items()}})}")
+
+
+def test_the_handler_called_on_a_static_frame_applies_it_exactly_once(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(partitions=2)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "direct", {"orders": orders_table(topic)})
+    log = produce(
+        connection,
+        topic,
+        [upsert(1, 2, "b"), upsert(1, 1, "a-late"), upsert(2, 1, "x"), delete(2, 2), upsert(3, 1, "c"), tombstone(3)],
+    )
+    produce_raw(connection, topic, [(b'{"order_id": 9}', b"not json")])
+    ends = end_offsets(log)
+    ends_with_bad = {p: o for p, o in ends.items()}
+    batch_df = _static_batch(spark, cfg, topic)
+    for row in batch_df.select("partition", "offset").collect():
+        ends_with_bad[row["partition"]] = max(ends_with_bad.get(row["partition"], 0), row["offset"] + 1)
+    _checkpoint_of_one_batch(cfg, topic, ends_with_bad)
+    session = spark.newSession()
+    for key, value in batch_confs(spark).items():
+        session.conf.set(key, value)
+    schemas = ensure_replica_tables(session, cfg)
+    stats = []
+    handler = BatchHandler(cfg, schemas, BatchHooks(after_batch=stats.append))
+    try:
+        handler(_static_batch(session, cfg, topic), 0)
+        version = delta_table(spark, cfg.table("orders").target).history(1).first()["version"]
+        handler(_static_batch(session, cfg, topic), 0)  # Spark re-running the batch after a crash
+    finally:
+        handler.close()
+
+    assert_matches_model(spark, cfg, log)
+    assert delta_table(spark, cfg.table("orders").target).history(1).first()["version"] == version
+    quarantined = read_table(spark, cfg.quarantine).select("topic", "partition", "offset", "value").collect()
+    assert len(quarantined) == 1 and bytes(quarantined[0]["value"]) == b"not json"
+    assert (stats[0].records, stats[0].quarantined, stats[1].records) == (7, 1, 7)
+    applied = applied_offsets(spark, cfg.table("orders").target)
+    assert applied is not None and applied.offsets == {topic: ends_with_bad}
+
+
+class _Boom(Exception):
+    """The failure a hook injects into a batch."""
+
+
+def test_a_failing_handler_fails_the_query_and_the_restart_applies_everything_once(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(partitions=2)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "failing", {"orders": orders_table(topic)})
+    log = produce(connection, topic, [upsert(k, 1, "v1") for k in range(20)] + [delete(3, 2), upsert(4, 2, "v2")])
+
+    def fail_after_quarantine(point: str, batch_id: int) -> None:
+        if point == "after_quarantine":
+            raise _Boom(f"injected failure in batch {batch_id}")
+
+    query = start_replica(spark, cfg, available_now=True, hooks=BatchHooks(at=fail_after_quarantine))
+    try:
+        with pytest.raises(StreamingQueryException, match="injected failure in batch 0"):
+            query.awaitTermination(RUN_TIMEOUT_S)
+    finally:
+        query.stop()
+    assert applied_offsets(spark, cfg.table("orders").target) is None  # nothing of the batch was committed
+
+    run_available_now(spark, cfg)
+    assert_matches_model(spark, cfg, log)
+    applied = applied_offsets(spark, cfg.table("orders").target)
+    assert applied is not None and applied.offsets == {topic: end_offsets(log)}
