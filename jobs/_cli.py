@@ -1,12 +1,21 @@
-"""What every job shares: logging to stdout, and one readable line (exit 2) for any expected failure."""
+"""What every job shares: logging to stdout, and one readable line for any failure (the trace on request)."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import traceback
 from collections.abc import Callable
 
+from pyspark.errors import AnalysisException, PySparkException, StreamingQueryException
+
+from replica_lib.config import local_settings
 from replica_lib.errors import ReplicaError
+
+#: Exit codes: 2 for a failure the user can fix (config, arguments, SQL, an unreachable or refused resource),
+#: 1 for anything else, 130 for Ctrl-C.
+USER_ERROR, FAILURE, INTERRUPTED = 2, 1, 130
+DEBUG_HINT = "set REPLICA_DEBUG=1 for the full trace"
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -25,13 +34,35 @@ def setup_logging(verbose: bool = False) -> None:
         logging.getLogger(client).setLevel(logging.ERROR)
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message that says something (Spark's start with a blank line)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def explain_failure(exc: BaseException) -> tuple[str, int]:
+    """The one line a user sees for ``exc``, and the exit code."""
+    if isinstance(exc, ReplicaError):
+        return f"error: {exc}", USER_ERROR
+    if isinstance(exc, AnalysisException):  # ParseException included: bad SQL, unknown table or column
+        return f"error: {first_line(exc)}", USER_ERROR
+    if isinstance(exc, StreamingQueryException):
+        return f"error: the replica's query failed: {first_line(exc)} ({DEBUG_HINT})", FAILURE
+    if isinstance(exc, PySparkException):
+        return f"error: Spark: {first_line(exc)} ({DEBUG_HINT})", FAILURE
+    return f"error: {type(exc).__name__}: {first_line(exc)} ({DEBUG_HINT})", FAILURE
+
+
 def guarded(body: Callable[[], int]) -> int:
-    """Run ``body``; a ReplicaError becomes one line on stderr and exit code 2, Ctrl-C exit code 130."""
+    """Run ``body``; any failure becomes one line on stderr and an exit code, its trace only in debug mode."""
     try:
         return body()
-    except ReplicaError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
+    except Exception as exc:
+        line, code = explain_failure(exc)
+        if local_settings().debug:
+            traceback.print_exc()
+        print(line, file=sys.stderr)
+        return code

@@ -66,6 +66,7 @@ class LocalSettings:
 
     state_dir: Path
     java_home: str | None
+    debug: bool = False  # show the trace of a failure, not only its one line
 
     @property
     def broker_dir(self) -> Path:
@@ -73,10 +74,12 @@ class LocalSettings:
 
 
 def local_settings(environ: Mapping[str, str] | None = None) -> LocalSettings:
-    """Settings for local use: ``REPLICA_STATE_DIR`` (default ``<project>/.state``) and ``JAVA_HOME``."""
+    """Settings for local use: ``REPLICA_STATE_DIR`` (default ``<project>/.state``), ``JAVA_HOME`` and
+    ``REPLICA_DEBUG`` (any value but empty or ``0``)."""
     env = os.environ if environ is None else environ
     state = Path(env.get("REPLICA_STATE_DIR") or PROJECT_ROOT / ".state").resolve()
-    return LocalSettings(state_dir=state, java_home=env.get("JAVA_HOME") or None)
+    debug = env.get("REPLICA_DEBUG", "") not in ("", "0")
+    return LocalSettings(state_dir=state, java_home=env.get("JAVA_HOME") or None, debug=debug)
 
 
 # ---------------------------------------------------------------------------------------------- replica config
