@@ -662,7 +662,9 @@ def _check_schema(r: _Reader, table: TableConfig) -> None:
         if key in table.exclude_columns:
             raise r.fail(f"{where}.exclude_columns", f"{key} is a key column", "key columns are always kept; remove it")
         key_type = types[key]
-        if key_type not in _KEY_TYPES and not str(key_type).startswith(("decimal(", "char(", "varchar(")):
+        if not isinstance(key_type, str) or (
+            key_type not in _KEY_TYPES and not key_type.startswith(("decimal(", "char(", "varchar("))
+        ):
             raise r.fail(
                 f"{where}.keys",
                 f"key column {key} has type {_type_text(key_type)}, which cannot key a row exactly",
@@ -673,7 +675,9 @@ def _check_schema(r: _Reader, table: TableConfig) -> None:
         return
     if seq in types:
         seq_type = types[seq]
-        if seq_type not in _SEQ_TYPES and not re.fullmatch(r"decimal\(\d+,0\)", str(seq_type)):
+        if not isinstance(seq_type, str) or (
+            seq_type not in _SEQ_TYPES and not re.fullmatch(r"decimal\(\d+,0\)", seq_type)
+        ):
             raise r.fail(
                 f"{where}.sequence_by",
                 f"column {seq} has type {_type_text(seq_type)}; a sequence is read as a whole number",

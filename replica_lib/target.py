@@ -8,7 +8,14 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from replica_lib.config import ReplicaConfig, TableConfig, Target
+from replica_lib.config import (
+    ReplicaConfig,
+    TableConfig,
+    Target,
+    check_table_schema,
+    schema_json,
+    tombstone_location,
+)
 from replica_lib.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -79,53 +86,12 @@ class TableSchema:
 
 
 def table_schema(table: TableConfig, source_file: str) -> TableSchema:
-    """Parse and check a table's DDL schema against its keys and column lists; raises :class:`ConfigError`."""
-    where = f"tables.{table.name}"
-    try:
-        parsed = T.DataType.fromDDL(table.schema)
-    except Exception as exc:
-        raise ConfigError(
-            source_file,
-            f"{where}.schema",
-            f"not a valid Spark DDL schema ({exc})",
-            'e.g. schema = "id BIGINT, name STRING"',
-        ) from exc
-    if not isinstance(parsed, T.StructType) or not parsed.fields:
-        raise ConfigError(source_file, f"{where}.schema", "must list columns", 'e.g. "id BIGINT, name STRING"')
-    names = [f.name for f in parsed.fields]
-    for column in names:
-        if column.startswith("_src_"):
-            raise ConfigError(
-                source_file, f"{where}.schema", f"column {column} uses the reserved _src_ prefix", "rename it"
-            )
-    for key_list, label in (
-        (table.keys, "keys"),
-        (table.include_columns, "include_columns"),
-        (table.exclude_columns, "exclude_columns"),
-    ):
-        for column in key_list:
-            if column not in names:
-                raise ConfigError(
-                    source_file,
-                    f"{where}.{label}",
-                    f"{column} is not a column of the schema",
-                    f"use one of {', '.join(names)}",
-                )
-    for key in table.keys:
-        if key in table.exclude_columns:
-            raise ConfigError(
-                source_file,
-                f"{where}.exclude_columns",
-                f"{key} is a key column",
-                "key columns are always kept; remove it from exclude_columns",
-            )
-    if table.sequence_by and table.sequence_by not in names and table.format == "native" and table.sequence_by != "seq":
-        raise ConfigError(
-            source_file,
-            f"{where}.sequence_by",
-            f"{table.sequence_by} is neither the envelope's seq nor a column of the schema",
-            'use "seq" or a column name',
-        )
+    """A table's columns, from its DDL schema checked against its keys and column lists (no JVM needed).
+
+    Raises :class:`ConfigError`; :func:`replica_lib.config.parse_replica` has already run the same checks.
+    """
+    check_table_schema(table, source_file)
+    parsed = T.StructType.fromJson(schema_json(table.schema))
     if table.include_columns:
         wanted = set(table.include_columns) | set(table.keys)
         kept = [f for f in parsed.fields if f.name in wanted]
@@ -136,9 +102,7 @@ def table_schema(table: TableConfig, source_file: str) -> TableSchema:
 
 def tombstone_target(table: TableConfig) -> Target:
     """Where a table's retained tombstones live: beside it, as ``<path>__tombstones`` or ``<name>__tombstones``."""
-    if table.target.path:
-        return Target(path=table.target.path.rstrip("/") + "__tombstones")
-    return Target(table=f"{table.target.table}__tombstones")
+    return tombstone_location(table.target)
 
 
 def read_table(spark: SparkSession, target: Target) -> DataFrame:
@@ -155,6 +119,21 @@ def table_exists(spark: SparkSession, target: Target) -> bool:
         return bool(DeltaTable.isDeltaTable(spark, target.path))
     assert target.table is not None
     return bool(spark.catalog.tableExists(target.table))
+
+
+def table_id(spark: SparkSession, target: Target) -> str | None:
+    """Delta's id of the table at ``target``, or None if there is none.
+
+    The id is given when the table is created and kept by every commit (OPTIMIZE included): a table deleted and
+    created again, or another table at the same place, has another id.
+    """
+    from delta.tables import DeltaTable
+
+    if not table_exists(spark, target):
+        return None
+    table = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, str(target.table))
+    row = table.detail().select("id").first()
+    return None if row is None else str(row[0])
 
 
 def ensure_table(
@@ -176,7 +155,8 @@ def ensure_table(
                 target.describe(),
                 "schema",
                 f"the existing table has columns {have}, the config declares {want}",
-                "rebuild the replica into a new location, or restore the config's schema",
+                "restore the config's schema, or rebuild the replica: new table locations and a new, empty "
+                "replica.checkpoint folder (the old checkpoint would skip the log already applied)",
             )
         return
     builder = DeltaTable.createIfNotExists(spark).addColumns(schema).comment(description)
