@@ -6,6 +6,7 @@ Drops retained deletes that no longer count or can no longer let a deleted key c
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from jobs._cli import guarded, setup_logging
@@ -24,7 +25,14 @@ def main(argv: list[str]) -> int:
     def body() -> int:
         cfg = load_replica(args.conf)
         spark = build_session(f"replica-maintain-{cfg.name}", local_settings())
-        tidied = maintain(spark, cfg, TopicAdmin(cfg.kafka.client_config()))
+        client = cfg.kafka.client_config()
+        if client.settings is None:
+            logging.getLogger("jobs.maintain").warning(
+                "replica %s: expired retained deletes are kept, since the log's start offsets cannot be read here: %s",
+                cfg.name,
+                client.reason,
+            )
+        tidied = maintain(spark, cfg, None if client.settings is None else TopicAdmin(client.settings))
         for table, done in tidied.items():
             print(
                 f"{cfg.name}.{table}: dropped {done.superseded} superseded and {done.purged} expired retained deletes"

@@ -66,7 +66,6 @@ class LocalSettings:
 
     state_dir: Path
     java_home: str | None
-    debug: bool = False  # show the trace of a failure, not only its one line
 
     @property
     def broker_dir(self) -> Path:
@@ -74,39 +73,227 @@ class LocalSettings:
 
 
 def local_settings(environ: Mapping[str, str] | None = None) -> LocalSettings:
-    """Settings for local use: ``REPLICA_STATE_DIR`` (default ``<project>/.state``), ``JAVA_HOME`` and
-    ``REPLICA_DEBUG`` (any value but empty or ``0``)."""
+    """Settings for local use: ``REPLICA_STATE_DIR`` (default ``<project>/.state``) and ``JAVA_HOME``."""
     env = os.environ if environ is None else environ
     state = Path(env.get("REPLICA_STATE_DIR") or PROJECT_ROOT / ".state").resolve()
-    debug = env.get("REPLICA_DEBUG", "") not in ("", "0")
-    return LocalSettings(state_dir=state, java_home=env.get("JAVA_HOME") or None, debug=debug)
+    return LocalSettings(state_dir=state, java_home=env.get("JAVA_HOME") or None)
 
 
 # ---------------------------------------------------------------------------------------------- replica config
 @dataclass(frozen=True)
+class ClientConfig:
+    """The connection as confluent-kafka (librdkafka) clients make it, or why they cannot.
+
+    ``settings`` is None when an option that the connection needs has no librdkafka equivalent (a JKS store, a
+    Kerberos or OAuth login): the checks that use those clients then skip themselves, saying ``reason`` (which
+    names the option), and Spark's Java client, which reads the option itself, is the only one to connect.
+    """
+
+    settings: Mapping[str, str] | None
+    reason: str = ""
+
+    def __repr__(self) -> str:
+        shown = None if self.settings is None else _redact(self.settings)
+        return f"ClientConfig(settings={shown!r}, reason={self.reason!r})"
+
+
+#: librdkafka's own names for security options: the pre-check clients take them as they are.
+_LIBRDKAFKA_ONLY = (
+    "sasl.username",
+    "sasl.password",
+    "sasl.mechanisms",
+    "ssl.ca.location",
+    "ssl.ca.pem",
+    "ssl.certificate.location",
+    "ssl.certificate.pem",
+    "ssl.key.location",
+    "ssl.key.pem",
+    "ssl.crl.location",
+    "enable.ssl.certificate.verification",
+)
+#: Security options with the same name and meaning in both clients.
+_SHARED = ("security.protocol", "sasl.kerberos.service.name", "ssl.key.password")
+#: Java options that change how the client logs in; librdkafka has nothing like them.
+_JAVA_ONLY_LOGIN = ("sasl.login.class", "sasl.login.callback.handler.class", "sasl.client.callback.handler.class")
+#: Kafka's user-and-password login modules (by class name, so shaded copies count) and their usual mechanism.
+_PASSWORD_MODULES = {"PlainLoginModule": "PLAIN", "ScramLoginModule": "SCRAM-SHA-512"}
+_JAAS_ENTRY = re.compile(
+    r"^\s*(?P<module>[A-Za-z_$][\w$]*(?:\.[A-Za-z_$][\w$]*)*)\s+(?P<flag>required|requisite|sufficient|optional)"
+    r'(?P<options>(?:\s+[A-Za-z_$][\w.$-]*\s*=\s*(?:"(?:[^"\\]|\\.)*"|[^\s";=]+))*)\s*;\s*$',
+    re.S,
+)
+_JAAS_OPTION = re.compile(r'([A-Za-z_$][\w.$-]*)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s";=]+))', re.S)
+
+
+@dataclass(frozen=True)
+class JaasEntry:
+    """One JAAS login module entry of ``sasl.jaas.config``, as Kafka's Java client reads it."""
+
+    module: str
+    options: Mapping[str, str]
+
+    @property
+    def password_login(self) -> str | None:
+        """PLAIN or SCRAM-SHA-512 for a user-and-password module (Kafka's plain or SCRAM), else None."""
+        return _PASSWORD_MODULES.get(self.module.rsplit(".", 1)[-1])
+
+    def __repr__(self) -> str:
+        return f"JaasEntry(module={self.module!r}, options={_redact(self.options)!r})"
+
+
+def parse_jaas(text: str) -> JaasEntry | None:
+    """Parse one ``<LoginModule> <flag> key="value" ...;`` entry (what a Kafka client accepts), or None."""
+    match = _JAAS_ENTRY.match(text)
+    if match is None:
+        return None
+    options = {
+        key: re.sub(r"\\(.)", r"\1", quoted) if bare == "" else bare
+        for key, quoted, bare in _JAAS_OPTION.findall(match.group("options"))
+    }
+    return JaasEntry(module=match.group("module"), options=options)
+
+
+def _jaas_quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@dataclass(frozen=True)
 class KafkaConfig:
-    """How to reach the cluster; ``options`` pass through to Spark as ``kafka.<key>``."""
+    """How to reach the cluster; ``options`` pass through to Spark as ``kafka.<key>``.
+
+    Security options may be written for Spark's Java client (``sasl.jaas.config``, ``sasl.mechanism``,
+    ``ssl.truststore.*``, ``ssl.keystore.*``) or for librdkafka (``sasl.username``, ``sasl.password``,
+    ``sasl.mechanisms``, ``ssl.ca.location``): each client gets them in its own names (:meth:`spark_options`,
+    :meth:`client_config`).
+    """
 
     bootstrap_servers: str
     options: tuple[tuple[str, str], ...] = ()
 
     def spark_options(self) -> dict[str, str]:
-        opts = {f"kafka.{key}": value for key, value in self.options}
+        """Options for Spark's kafka source; a login or CA given in librdkafka's names is given in Java's."""
+        java = dict(self.options)
+        if "sasl.mechanisms" in java:
+            java.setdefault("sasl.mechanism", java.pop("sasl.mechanisms"))
+        if "sasl.jaas.config" not in java and "sasl.username" in java and "sasl.password" in java:
+            scram = java.get("sasl.mechanism", "").upper().startswith("SCRAM")
+            module = "scram.ScramLoginModule" if scram else "plain.PlainLoginModule"
+            user, password = _jaas_quote(java.pop("sasl.username")), _jaas_quote(java.pop("sasl.password"))
+            java["sasl.jaas.config"] = (
+                f"org.apache.kafka.common.security.{module} required username={user} password={password};"
+            )
+        if "ssl.ca.location" in java and "ssl.truststore.location" not in java:
+            java.update({"ssl.truststore.type": "PEM", "ssl.truststore.location": java.pop("ssl.ca.location")})
+        opts = {f"kafka.{key}": value for key, value in sorted(java.items())}
         opts["kafka.bootstrap.servers"] = self.bootstrap_servers
         return opts
 
-    def client_config(self) -> dict[str, str]:
-        """The same connection for confluent-kafka clients (librdkafka property names)."""
-        return {"bootstrap.servers": self.bootstrap_servers, **dict(self.options)}
+    def client_config(self) -> ClientConfig:
+        """The same connection for confluent-kafka clients (librdkafka names), or why there is none.
+
+        Java-only options are translated where librdkafka has an equivalent (a PLAIN or SCRAM JAAS login becomes
+        ``sasl.username``/``sasl.password``, ``sasl.mechanism`` ``sasl.mechanisms``, PEM and PKCS#12 stores their
+        locations) and dropped where librdkafka's default does the same; options that are not about security
+        are Spark's consumer's alone and are left out.
+        """
+        given = dict(self.options)
+        conf = {"bootstrap.servers": self.bootstrap_servers}
+        conf.update({key: value for key, value in given.items() if key in _LIBRDKAFKA_ONLY or key in _SHARED})
+        if "sasl.mechanism" in given:
+            conf.setdefault("sasl.mechanisms", given["sasl.mechanism"])
+        mechanism = conf.get("sasl.mechanisms", "").upper()
+        if mechanism in ("GSSAPI", "OAUTHBEARER"):  # librdkafka's own settings for them differ from Java's
+            return ClientConfig(None, f"sasl.mechanism {mechanism} is set up for Java clients only")
+        for key in _JAVA_ONLY_LOGIN:
+            if key in given:
+                return ClientConfig(None, f"{key} is a Java class, which librdkafka cannot load")
+        if "sasl.jaas.config" in given:
+            entry = parse_jaas(given["sasl.jaas.config"])
+            if entry is None:
+                return ClientConfig(None, "sasl.jaas.config does not parse as a JAAS login module entry")
+            login = entry.password_login
+            if login is None:
+                return ClientConfig(None, f"sasl.jaas.config uses {entry.module}, which only Java clients can run")
+            conf.setdefault("sasl.username", entry.options.get("username", ""))
+            conf.setdefault("sasl.password", entry.options.get("password", ""))
+            conf.setdefault("sasl.mechanisms", login)
+        untranslatable = _translate_stores(given, conf)
+        if untranslatable:
+            return ClientConfig(None, untranslatable)
+        algorithm = given.get("ssl.endpoint.identification.algorithm")
+        if algorithm is not None:
+            conf["ssl.endpoint.identification.algorithm"] = algorithm.lower() or "none"
+        return ClientConfig(conf)
 
     def redacted(self) -> dict[str, str]:
         """The options with secret-looking values masked, safe to log."""
-        return {
-            key: ("***" if any(hint in key.lower() for hint in _SECRET_HINTS) else value) for key, value in self.options
-        }
+        return _redact(dict(self.options))
 
     def __repr__(self) -> str:
         return f"KafkaConfig(bootstrap_servers={self.bootstrap_servers!r}, options={self.redacted()!r})"
+
+
+def _redact(options: Mapping[str, str]) -> dict[str, str]:
+    return {
+        key: ("***" if any(hint in key.lower() for hint in _SECRET_HINTS) else value) for key, value in options.items()
+    }
+
+
+def _translate_stores(given: Mapping[str, str], conf: dict[str, str]) -> str | None:
+    """Put Java's trust and key stores into ``conf`` in librdkafka's names; or say which one cannot be."""
+    if "ssl.truststore.location" in given or "ssl.truststore.certificates" in given:
+        kind = given.get("ssl.truststore.type", "JKS").upper()
+        if kind != "PEM":
+            return (
+                f"ssl.truststore.location is a {kind} trust store, which librdkafka cannot read (it takes PEM: "
+                'ssl.truststore.type = "PEM", or ssl.ca.location)'
+            )
+        if "ssl.truststore.certificates" in given:
+            conf.setdefault("ssl.ca.pem", given["ssl.truststore.certificates"])
+        else:
+            conf.setdefault("ssl.ca.location", given["ssl.truststore.location"])
+    if "ssl.keystore.certificate.chain" in given and "ssl.keystore.key" in given:
+        conf.setdefault("ssl.certificate.pem", given["ssl.keystore.certificate.chain"])
+        conf.setdefault("ssl.key.pem", given["ssl.keystore.key"])
+    elif "ssl.keystore.location" in given:
+        kind = given.get("ssl.keystore.type", "JKS").upper()
+        if kind == "PKCS12":
+            conf["ssl.keystore.location"] = given["ssl.keystore.location"]
+            if "ssl.keystore.password" in given:
+                conf["ssl.keystore.password"] = given["ssl.keystore.password"]
+        elif kind == "PEM":  # one file with the key and the certificate chain, as librdkafka reads both
+            conf.setdefault("ssl.certificate.location", given["ssl.keystore.location"])
+            conf.setdefault("ssl.key.location", given["ssl.keystore.location"])
+        else:
+            return (
+                f"ssl.keystore.location is a {kind} key store, which librdkafka cannot read (it takes "
+                'ssl.keystore.type = "PKCS12" or "PEM")'
+            )
+    return None
+
+
+def _check_kafka_options(r: _Reader, kafka: KafkaConfig) -> None:
+    """A JAAS login Kafka's client would refuse is an error at load time, not a failure of the running query."""
+    given = dict(kafka.options)
+    key = "kafka.options.sasl.jaas.config"
+    example = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="..." password="${VAR}";'
+    if "sasl.jaas.config" not in given:
+        return
+    entry = parse_jaas(given["sasl.jaas.config"])
+    if entry is None:  # the text holds a password: never quote it
+        raise r.fail(key, "is not one JAAS login entry (check the quotes and the final ';')", f"e.g. {example}")
+    if entry.password_login is None:
+        return
+    for option in ("username", "password"):
+        if option not in entry.options:
+            raise r.fail(key, f"{entry.module} has no {option}", f"e.g. {example}")
+    if "sasl.mechanism" not in given and "sasl.mechanisms" not in given:
+        fix = '"PLAIN"' if entry.password_login == "PLAIN" else '"SCRAM-SHA-512" or "SCRAM-SHA-256"'
+        raise r.fail(
+            "kafka.options.sasl.mechanism",
+            f"missing: Kafka's client would log in with GSSAPI (Kerberos), not with {entry.module}",
+            f'set "sasl.mechanism" = {fix}',
+        )
 
 
 @dataclass(frozen=True)
@@ -318,6 +505,7 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
         bootstrap_servers=r.string(kaf, "bootstrap_servers", "kafka"),
         options=tuple(sorted((k, r.expand(f"kafka.options.{k}", v)) for k, v in options.items())),
     )
+    _check_kafka_options(r, kafka)
 
     src = r.section(doc, "source", {"starting_offsets", "max_offsets_per_trigger", "fail_on_data_loss"}, False)
     max_offsets = src.get("max_offsets_per_trigger")
@@ -662,9 +850,7 @@ def _check_schema(r: _Reader, table: TableConfig) -> None:
         if key in table.exclude_columns:
             raise r.fail(f"{where}.exclude_columns", f"{key} is a key column", "key columns are always kept; remove it")
         key_type = types[key]
-        if not isinstance(key_type, str) or (
-            key_type not in _KEY_TYPES and not key_type.startswith(("decimal(", "char(", "varchar("))
-        ):
+        if key_type not in _KEY_TYPES and not str(key_type).startswith(("decimal(", "char(", "varchar(")):
             raise r.fail(
                 f"{where}.keys",
                 f"key column {key} has type {_type_text(key_type)}, which cannot key a row exactly",
@@ -675,9 +861,7 @@ def _check_schema(r: _Reader, table: TableConfig) -> None:
         return
     if seq in types:
         seq_type = types[seq]
-        if not isinstance(seq_type, str) or (
-            seq_type not in _SEQ_TYPES and not re.fullmatch(r"decimal\(\d+,0\)", seq_type)
-        ):
+        if seq_type not in _SEQ_TYPES and not re.fullmatch(r"decimal\(\d+,0\)", str(seq_type)):
             raise r.fail(
                 f"{where}.sequence_by",
                 f"column {seq} has type {_type_text(seq_type)}; a sequence is read as a whole number",

@@ -53,11 +53,17 @@ def purge_condition(log_start: dict[str, dict[int, int]], cutoff: datetime) -> s
 
 
 def purge_tombstones(
-    spark: SparkSession, cfg: ReplicaConfig, admin: TopicAdmin, now: datetime | None = None
+    spark: SparkSession, cfg: ReplicaConfig, admin: TopicAdmin | None, now: datetime | None = None
 ) -> dict[str, int]:
-    """Purge every table's retained deletes that the rule above allows; returns how many per table."""
+    """Purge every table's retained deletes that the rule above allows; returns how many per table.
+
+    Without ``admin`` (no confluent-kafka client can reach the cluster) the log's start offsets are unknown, so
+    nothing is purged.
+    """
     cutoff = (now or datetime.now(UTC)) - timedelta(seconds=cfg.tombstone_retention_s)
-    purged = {}
+    purged: dict[str, int] = {}
+    if admin is None:
+        return {table.name: 0 for table in cfg.tables}
     for table in cfg.tables:
         condition = purge_condition({table.topic: admin.earliest_offsets(table.topic)}, cutoff)
         target, purged[table.name] = tombstone_target(table), 0
@@ -132,9 +138,9 @@ class Tidied:
 
 
 def maintain(
-    spark: SparkSession, cfg: ReplicaConfig, admin: TopicAdmin, now: datetime | None = None
+    spark: SparkSession, cfg: ReplicaConfig, admin: TopicAdmin | None, now: datetime | None = None
 ) -> dict[str, Tidied]:
-    """Compact every table's tombstone log, then purge what the retention rule allows."""
+    """Compact every table's tombstone log, then purge what the retention rule allows (nothing without ``admin``)."""
     superseded = {}
     for table in cfg.tables:
         superseded[table.name] = compact_tombstones(spark, table)

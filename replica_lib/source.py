@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -34,10 +35,11 @@ def source_options(cfg: ReplicaConfig, starting_offsets: str | None = None) -> d
 
 
 def check_reachable(cfg: ReplicaConfig, timeout_s: float = 15.0) -> None:
-    """Fail fast, with the fix, if no bootstrap server accepts a TCP connection within ``timeout_s``.
+    """Fail fast, with the fix, if no bootstrap server accepts a TCP connection, or the cluster refuses the login.
 
-    Spark's Kafka source would otherwise retry for minutes before the query fails. Only reachability is checked
-    (it works for any security protocol); authentication errors surface from the source itself.
+    Spark's Kafka source would otherwise retry for minutes before the query fails, or fail with a stack trace.
+    The login is checked with confluent-kafka when the replica's options translate to it (see
+    :meth:`KafkaConfig.client_config`); otherwise that check is skipped with a warning and Spark's client decides.
     """
     servers = [s.strip() for s in cfg.kafka.bootstrap_servers.split(",") if s.strip()]
     deadline = time.monotonic() + timeout_s
@@ -54,6 +56,7 @@ def check_reachable(cfg: ReplicaConfig, timeout_s: float = 15.0) -> None:
                 )
             try:
                 with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+                    _check_login(cfg, max(deadline - time.monotonic(), 5.0))
                     return
             except OSError as exc:
                 last_error = f"{server}: {exc.strerror or exc}"
@@ -65,6 +68,42 @@ def check_reachable(cfg: ReplicaConfig, timeout_s: float = 15.0) -> None:
                 "check the address and that the cluster is up (local: ./replica broker status)",
             )
         time.sleep(0.5)  # retry until the deadline: a broker that is starting up gets a moment
+
+
+def _check_login(cfg: ReplicaConfig, timeout_s: float) -> None:
+    """Raise :class:`ConfigError` if the cluster refuses the replica's credentials; other trouble is Spark's to see."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    client = cfg.kafka.client_config()
+    if client.settings is None:
+        logger.warning("replica %s: not checking the Kafka login before the start: %s", cfg.name, client.reason)
+        return
+    errors: list[KafkaError] = []
+    conf: dict[str, Any] = {
+        **client.settings,
+        "error_cb": errors.append,
+        "logger": logging.getLogger(f"{__name__}.librdkafka"),
+    }
+    admin = AdminClient(conf)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            admin.list_topics(timeout=1)
+            return
+        except KafkaException:
+            admin.poll(0)  # serves the error callback
+        refused = next((e for e in errors if e.code() == KafkaError._AUTHENTICATION), None)
+        if refused is not None:
+            given = dict(cfg.kafka.options)
+            key = next((k for k in ("sasl.jaas.config", "sasl.password") if k in given), "security.protocol")
+            raise ConfigError(
+                cfg.source_file,
+                f"kafka.options.{key}",
+                f"Kafka at {cfg.kafka.bootstrap_servers} refused the login ({refused.str()})",
+                "check the user name, password and sasl.mechanism the cluster expects",
+            )
+    logger.warning("replica %s: Kafka did not answer a metadata request within %.0fs", cfg.name, timeout_s)
 
 
 def read_changes(spark: SparkSession, cfg: ReplicaConfig, starting_offsets: str | None = None) -> DataFrame:
