@@ -66,6 +66,7 @@ class LocalSettings:
 
     state_dir: Path
     java_home: str | None
+    debug: bool = False  # show the trace of a failure, not only its one line
 
     @property
     def broker_dir(self) -> Path:
@@ -73,10 +74,12 @@ class LocalSettings:
 
 
 def local_settings(environ: Mapping[str, str] | None = None) -> LocalSettings:
-    """Settings for local use: ``REPLICA_STATE_DIR`` (default ``<project>/.state``) and ``JAVA_HOME``."""
+    """Settings for local use: ``REPLICA_STATE_DIR`` (default ``<project>/.state``), ``JAVA_HOME`` and
+    ``REPLICA_DEBUG`` (any value but empty or ``0``)."""
     env = os.environ if environ is None else environ
     state = Path(env.get("REPLICA_STATE_DIR") or PROJECT_ROOT / ".state").resolve()
-    return LocalSettings(state_dir=state, java_home=env.get("JAVA_HOME") or None)
+    debug = env.get("REPLICA_DEBUG", "") not in ("", "0")
+    return LocalSettings(state_dir=state, java_home=env.get("JAVA_HOME") or None, debug=debug)
 
 
 # ---------------------------------------------------------------------------------------------- replica config
@@ -850,7 +853,9 @@ def _check_schema(r: _Reader, table: TableConfig) -> None:
         if key in table.exclude_columns:
             raise r.fail(f"{where}.exclude_columns", f"{key} is a key column", "key columns are always kept; remove it")
         key_type = types[key]
-        if key_type not in _KEY_TYPES and not str(key_type).startswith(("decimal(", "char(", "varchar(")):
+        if not isinstance(key_type, str) or (
+            key_type not in _KEY_TYPES and not key_type.startswith(("decimal(", "char(", "varchar("))
+        ):
             raise r.fail(
                 f"{where}.keys",
                 f"key column {key} has type {_type_text(key_type)}, which cannot key a row exactly",
@@ -861,7 +866,9 @@ def _check_schema(r: _Reader, table: TableConfig) -> None:
         return
     if seq in types:
         seq_type = types[seq]
-        if seq_type not in _SEQ_TYPES and not re.fullmatch(r"decimal\(\d+,0\)", str(seq_type)):
+        if not isinstance(seq_type, str) or (
+            seq_type not in _SEQ_TYPES and not re.fullmatch(r"decimal\(\d+,0\)", seq_type)
+        ):
             raise r.fail(
                 f"{where}.sequence_by",
                 f"column {seq} has type {_type_text(seq_type)}; a sequence is read as a whole number",
