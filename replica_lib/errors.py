@@ -39,15 +39,13 @@ class TopicError(ReplicaError):
     """A topic could not be created, or exists with settings that do not match what was asked."""
 
 
-class DecodeError(ReplicaError):
-    """A record could not be decoded into a change; carries the record's coordinates."""
+class ReplicationFactorError(TopicError):
+    """A topic asks for more copies than the cluster has brokers (e.g. replication factor 3 on one broker)."""
 
-    def __init__(self, reason: str, topic: str, partition: int, offset: int) -> None:
-        self.reason = reason
-        self.topic = topic
-        self.partition = partition
-        self.offset = offset
-        super().__init__(f"{topic}[{partition}]@{offset}: {reason}")
+    def __init__(self, message: str, replication_factor: int, brokers: int) -> None:
+        self.replication_factor = replication_factor
+        self.brokers = brokers
+        super().__init__(message)
 
 
 class CheckpointError(ReplicaError):
@@ -60,3 +58,23 @@ class DataLossError(ReplicaError):
 
 class MaintenanceError(ReplicaError):
     """Maintenance could not finish a table (e.g. it kept conflicting with the running replica); says what to do."""
+
+
+class ConcurrentCommitError(ReplicaError):
+    """Delta refused a commit because another commit on the same table won the race; the write may run again.
+
+    Delta's ``io.delta.exceptions.DeltaConcurrentModificationException`` and its kinds, made Python types: the
+    delta-spark 4.0.0 wheel ships without its own ``delta.exceptions`` (see :func:`replica_lib.merge.typed_conflicts`).
+    """
+
+
+class ConcurrentAppendError(ConcurrentCommitError):
+    """Files were added to what the refused commit had read (Delta's ``ConcurrentAppendException``)."""
+
+
+class ConcurrentDeleteReadError(ConcurrentCommitError):
+    """A file the refused commit had read was removed, e.g. by an OPTIMIZE (``ConcurrentDeleteReadException``)."""
+
+
+class ConcurrentDeleteDeleteError(ConcurrentCommitError):
+    """Both commits removed the same file (Delta's ``ConcurrentDeleteDeleteException``)."""

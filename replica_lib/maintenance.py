@@ -29,8 +29,13 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from replica_lib.config import ReplicaConfig, TableConfig
-from replica_lib.errors import MaintenanceError
-from replica_lib.merge import delete_matching, delete_where, delta_conflict
+from replica_lib.errors import (
+    ConcurrentAppendError,
+    ConcurrentDeleteDeleteError,
+    ConcurrentDeleteReadError,
+    MaintenanceError,
+)
+from replica_lib.merge import delete_matching, delete_where, typed_conflicts
 from replica_lib.ordering import current_versions, newer
 from replica_lib.target import read_table, tombstone_target, version_columns
 from replica_lib.topics import TopicAdmin
@@ -77,22 +82,24 @@ def purge_tombstones(
 
 #: How many times maintenance tries a delete that the running replica's writes keep conflicting with.
 ATTEMPTS = 10
-#: Delta's errors for a delete that a concurrent commit invalidated: the replica appended retained deletes, or an
-#: OPTIMIZE rewrote files that the delete had read.
-_CONFLICTS = ("DELTA_CONCURRENT_APPEND", "DELTA_CONCURRENT_DELETE_READ", "DELTA_CONCURRENT_DELETE_DELETE")
+#: Delta's refusals of a delete that a concurrent commit invalidated: the replica appended retained deletes, or an
+#: OPTIMIZE rewrote (or another delete removed) files that the delete had read.
+_RETRIED = (ConcurrentAppendError, ConcurrentDeleteReadError, ConcurrentDeleteDeleteError)
 
 
 def _retrying(what: str, action: Callable[[], int]) -> int:
     """Run a delete from a tombstone table, again when the replica wrote to it meanwhile (Delta refuses it)."""
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            return action()
-        except Exception as exc:
-            conflict = delta_conflict(exc)
-            if conflict not in _CONFLICTS:
-                raise
+            with typed_conflicts():
+                return action()
+        except _RETRIED as conflict:
             logger.info(
-                "%s: the replica wrote to the table meanwhile (%s, attempt %d of %d)", what, conflict, attempt, ATTEMPTS
+                "%s: the replica wrote to the table meanwhile (%s, attempt %d of %d)",
+                what,
+                type(conflict).__name__,
+                attempt,
+                ATTEMPTS,
             )
     raise MaintenanceError(
         f"{what}: the running replica appended retained deletes (or an OPTIMIZE ran) during each of {ATTEMPTS} "

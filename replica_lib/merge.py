@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,12 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from replica_lib.config import Target
+from replica_lib.errors import (
+    ConcurrentAppendError,
+    ConcurrentCommitError,
+    ConcurrentDeleteDeleteError,
+    ConcurrentDeleteReadError,
+)
 from replica_lib.ordering import newer
 from replica_lib.target import PROVENANCE_COLUMNS, TableSchema
 
@@ -226,13 +231,47 @@ def _append(target: Target, rows_df: DataFrame, commit: Commit) -> None:
         writer.saveAsTable(str(target.table))
 
 
-_CONFLICT = re.compile(r"DELTA_CONCURRENT_[A-Z_]+")
+#: Delta's JVM classes for a commit that lost a race, most specific first, and the error each is raised as here.
+_CONFLICTS: tuple[tuple[str, type[ConcurrentCommitError]], ...] = (
+    ("io.delta.exceptions.ConcurrentAppendException", ConcurrentAppendError),
+    ("io.delta.exceptions.ConcurrentDeleteReadException", ConcurrentDeleteReadError),
+    ("io.delta.exceptions.ConcurrentDeleteDeleteException", ConcurrentDeleteDeleteError),
+    ("io.delta.exceptions.DeltaConcurrentModificationException", ConcurrentCommitError),  # any other kind
+)
 
 
-def delta_conflict(exc: Exception) -> str | None:
-    """The error class (``DELTA_CONCURRENT_…``) of a write that Delta refused for a concurrent commit, else None."""
-    match = _CONFLICT.search(str(exc))
-    return match.group(0) if match else None
+def delta_conflict(exc: BaseException) -> ConcurrentCommitError | None:
+    """``exc`` as the typed error of a commit Delta refused for a concurrent one (its causes too), else None.
+
+    delta-spark 4.0.0 ships without ``delta.exceptions`` (delta-io/delta#4755), whose patch of PySpark's error
+    conversion would raise Delta's conflicts as Python classes; so they reach Python as a ``Py4JJavaError``, and
+    the JVM exception's class is what tells them apart.
+    """
+    from py4j.java_gateway import is_instance_of
+    from py4j.protocol import Py4JJavaError
+    from pyspark import SparkContext
+
+    if not isinstance(exc, Py4JJavaError) or SparkContext._gateway is None:
+        return None
+    gateway, cause = SparkContext._gateway, exc.java_exception
+    while cause is not None:
+        for jvm_class, error in _CONFLICTS:
+            if is_instance_of(gateway, cause, jvm_class):
+                return error(str(cause.getMessage()).splitlines()[0])
+        cause = cause.getCause()
+    return None
+
+
+@contextlib.contextmanager
+def typed_conflicts() -> Iterator[None]:
+    """Raise a Delta commit refused for a concurrent one as a :class:`ConcurrentCommitError` (by its kind)."""
+    try:
+        yield
+    except Exception as exc:
+        conflict = delta_conflict(exc)
+        if conflict is None:
+            raise
+        raise conflict from exc
 
 
 #: The size OPTIMIZE packs small files up to (Delta's auto compaction aims at the same).
@@ -259,16 +298,15 @@ def compact_files(spark: SparkSession, target: Target, small_file_bytes: int) ->
     """
     confs = {_OPTIMIZE_MIN_FILE_SIZE: str(small_file_bytes), _OPTIMIZE_MAX_FILE_SIZE: str(COMPACTED_FILE_BYTES)}
     try:
-        with _session_confs(spark, confs):
+        with _session_confs(spark, confs), typed_conflicts():
             metrics = delta_table(spark, target).optimize().executeCompaction()
             row = metrics.select("metrics.numFilesRemoved", "metrics.numFilesAdded").first()
-    except Exception as exc:
-        if delta_conflict(exc) is None:
-            raise
+    except ConcurrentCommitError as conflict:
         logger.warning(
-            "compacting %s: a concurrent commit won, packed at the next compaction (%s)",
+            "compacting %s: a concurrent commit won, packed at the next compaction (%s: %s)",
             target.describe(),
-            str(exc).splitlines()[0],
+            type(conflict).__name__,
+            conflict,
         )
         return None
     return Compacted(0, 0) if row is None else Compacted(int(row[0] or 0), int(row[1] or 0))
