@@ -7,6 +7,7 @@ import os
 import sys
 
 from jobs._cli import guarded, setup_logging
+from replica_lib.errors import ReplicationFactorError
 from replica_lib.topics import DAY_MS, TopicAdmin, TopicReport, TopicSpec
 
 
@@ -20,6 +21,15 @@ def _print(report: TopicReport) -> None:
         print(f"  {finding}")
     if not report.findings:
         print("  safe as a replication log")
+
+
+def _too_few_brokers(name: str, exc: ReplicationFactorError, servers: str) -> str:
+    """What to do when a topic asks for more copies than the cluster has brokers, in this command's terms."""
+    rf = exc.replication_factor
+    problem = f"topic {name}: replication factor {rf} needs {rf} brokers, {servers} has {exc.brokers}"
+    if exc.brokers == 1:
+        return f"{problem}: on the single-broker sandbox add --local"
+    return f"{problem}: add brokers, or lower --replication-factor (and --min-insync-replicas)"
 
 
 def main(argv: list[str]) -> int:
@@ -65,11 +75,17 @@ def main(argv: list[str]) -> int:
         admin = TopicAdmin({"bootstrap.servers": args.bootstrap_servers})
         unsafe = False
         for spec in specs:
-            report = (
-                admin.ensure(spec, local=args.local)
-                if args.action == "create"
-                else admin.validate(spec.name, None, local=args.local)
-            )
+            try:
+                report = (
+                    admin.ensure(spec, local=args.local)
+                    if args.action == "create"
+                    else admin.validate(spec.name, None, local=args.local)
+                )
+            except ReplicationFactorError as exc:
+                if args.local:
+                    raise
+                print(f"error: {_too_few_brokers(spec.name, exc, args.bootstrap_servers)}", file=sys.stderr)
+                return 2
             _print(report)
             unsafe |= report.unsafe
         return 1 if unsafe else 0

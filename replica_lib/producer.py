@@ -50,7 +50,7 @@ FIXED_PROPERTIES = frozenset(
 # ---------------------------------------------------------------------------------------------- the contract
 @dataclass(frozen=True)
 class Change:
-    """One change of one keyed row (DESIGN.md §3).
+    """One change of one keyed row (docs/design.md §3).
 
     ``tombstone=True`` writes a Kafka tombstone (null value) instead of an ``op: delete`` envelope: it carries no
     ``seq``, so producers that use ``seq`` send ``op: delete`` with a ``seq`` (and may add a tombstone after it,
@@ -241,7 +241,7 @@ class ChangeProducer:
         except Exception as exc:
             raise ProducerError(
                 f"cannot reach Kafka at {self.bootstrap_servers} within {self.settings.connect_timeout_s:.0f}s "
-                f"({exc}): check bootstrap servers and that the broker runs (./replica broker status)"
+                f"({exc}): check bootstrap servers and that the brokers are up"
             ) from exc
 
     def _check_topic(self, topic: str) -> None:
@@ -256,8 +256,8 @@ class ChangeProducer:
         info = metadata.topics.get(topic)
         if info is None or info.error is not None:
             raise ProducerError(
-                f"topic {topic!r} does not exist on {self.bootstrap_servers}: create it first "
-                f"(./replica topics create {topic})",
+                f"topic {topic!r} does not exist on {self.bootstrap_servers}: create it first, with safe "
+                "settings (replica_lib.topics.TopicAdmin.ensure)",
                 topic=topic,
             )
         self._known_topics.add(topic)

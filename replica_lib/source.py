@@ -65,7 +65,7 @@ def check_reachable(cfg: ReplicaConfig, timeout_s: float = 15.0) -> None:
                 cfg.source_file,
                 "kafka.bootstrap_servers",
                 f"no Kafka broker reachable within {timeout_s:.0f}s ({last_error})",
-                "check the address and that the cluster is up (local: ./replica broker status)",
+                "check the address and that the brokers are up",
             )
         time.sleep(0.5)  # retry until the deadline: a broker that is starting up gets a moment
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from replica_lib.errors import TopicError
+from replica_lib.errors import ReplicationFactorError, TopicError
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ class TopicAdmin:
         except Exception as exc:
             raise TopicError(
                 f"cannot reach Kafka at {self._bootstrap} within {timeout_s:.0f}s ({exc}): check bootstrap "
-                "servers and that the broker runs (./replica broker status)"
+                "servers and that the brokers are up"
             ) from exc
 
     def describe(self, name: str) -> tuple[int, int, dict[str, str]] | None:
@@ -247,9 +247,7 @@ class TopicAdmin:
         """Report on an existing topic; raises :class:`TopicError` if it does not exist."""
         described = self.describe(name)
         if described is None:
-            raise TopicError(
-                f"topic {name!r} does not exist on {self._bootstrap}: create it (./replica topics create {name})"
-            )
+            raise TopicError(f"topic {name!r} does not exist on {self._bootstrap}: create it first (TopicAdmin.ensure)")
         partitions, replication, configs = described
         findings = assess(partitions, replication, configs, expected, local)
         return TopicReport(name, False, partitions, replication, configs, findings)
@@ -277,6 +275,15 @@ class TopicAdmin:
                 )
             except KafkaException as exc:
                 error = exc.args[0]
+                if error.code() == KafkaError.INVALID_REPLICATION_FACTOR:
+                    brokers = len(self._admin.list_topics(timeout=self.timeout_s).brokers)
+                    raise ReplicationFactorError(
+                        f"creating topic {spec.name!r} failed: replication factor {spec.replication_factor} needs "
+                        f"{spec.replication_factor} brokers and {self._bootstrap} has {brokers}: add brokers or "
+                        "lower the replication factor",
+                        spec.replication_factor,
+                        brokers,
+                    ) from exc
                 if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise TopicError(f"creating topic {spec.name!r} failed: {error.str()}") from exc
         partitions, replication, configs = self._describe_created(spec.name)

@@ -18,7 +18,7 @@ def register_views(spark: SparkSession, cfg: ReplicaConfig) -> list[str]:
                 cfg.source_file,
                 f"tables.{table.name}.target",
                 f"no Delta table at {table.target.describe()} yet",
-                "run the replica first (./spark-submit.sh jobs/materialize.py CONF)",
+                "run the replica first: it creates its tables with its first batch",
             )
         read_table(spark, table.target).createOrReplaceTempView(table.name)
         names.append(table.name)
