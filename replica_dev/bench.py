@@ -160,7 +160,7 @@ Encoder = Callable[[Event], tuple[bytes, bytes | None]]
 
 
 def native_record(event: Event) -> tuple[bytes, bytes | None]:
-    """The event as a Kafka record of the project's change-event contract (DESIGN.md §3): key and value bytes."""
+    """The event as a Kafka record of the project's change-event contract (docs/design.md §3): key and value bytes."""
     change = Change(key={"order_id": event.key}, op=event.op, data=event.row, seq=event.seq, ts_ms=event.ts_ms)  # type: ignore[arg-type]
     return encode_key(change.key), encode_value(change)
 

@@ -101,7 +101,7 @@ def typed_data_column(table: str) -> str:
 
 
 def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig], data: T.StructType | None = None) -> DataFrame:
-    """Envelopes of the native format (DESIGN.md §3).
+    """Envelopes of the native format (docs/design.md §3).
 
     ``data``: the schema of the rows of a topic that carries one table. The value is then parsed once with the row
     typed inside it, into the column :func:`typed_data_column`; only a record that this parse does not take cleanly

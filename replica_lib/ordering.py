@@ -1,6 +1,6 @@
 """One winning change per key, by version: this also drops records delivered twice.
 
-The order of changes (DESIGN.md §3): a change's *version* is ``(seq, partition, offset)``; the greatest wins, and
+The order of changes (docs/design.md §3): a change's *version* is ``(seq, partition, offset)``; the greatest wins, and
 a change never overwrites a state of greater or equal version. Without a sequence (``sequence_by`` unset) every
 seq is null, so the version is the log position. A Kafka tombstone carries no seq: it deletes the key *at its
 place in the log*, taking the seq of the state it deletes (the table's, or that of the latest change before it

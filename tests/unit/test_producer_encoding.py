@@ -1,4 +1,4 @@
-"""The producer's side of the change-event contract (DESIGN.md §3) and its client settings, no broker."""
+"""The producer's side of the change-event contract (docs/design.md §3) and its client settings, no broker."""
 
 from __future__ import annotations
 
