@@ -2,6 +2,12 @@
 
 * A checkpoint records which replica and topics it belongs to (``_replica.json``); another replica's checkpoint
   is refused, since its offsets would silently skip or repeat this replica's log.
+* A checkpoint that has finished a batch trusts the tables to hold everything before its offsets. So it also
+  records the Delta id of each table it writes; a table that is missing, was created again, or is another table
+  (a new location, another replica's) is refused before anything is created: going on would leave out every
+  change before the checkpoint's offsets. Ids outlive OPTIMIZE and maintenance, and a table that no batch has
+  written to yet (all its records quarantined, or none for it) keeps its id, so neither is refused.
+* A table's keys cannot change under it: the retained deletes' columns say which keys it was built with.
 * With no checkpoint (lost or deleted) but tables that already hold replica commits, the replica resumes from the
   offsets recorded in its own Delta commits (the smallest over its tables) instead of replaying from the start.
 * If the log no longer holds records the replica has not applied (retention deleted them unread), it refuses to
@@ -14,12 +20,13 @@ import fcntl
 import json
 import logging
 import os
+from typing import Any
 from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
-from replica_lib.config import ReplicaConfig
-from replica_lib.errors import CheckpointError, DataLossError, ReplicaError
+from replica_lib.config import ReplicaConfig, TableConfig, Target
+from replica_lib.errors import CheckpointError, ConfigError, DataLossError, ReplicaError
 from replica_lib.progress import (
     Offsets,
     applied_offsets,
@@ -29,12 +36,13 @@ from replica_lib.progress import (
     read_text,
     write_text,
 )
-from replica_lib.target import table_exists
+from replica_lib.target import PROVENANCE_COLUMNS, read_table, table_exists, table_id, tombstone_target
 
 logger = logging.getLogger(__name__)
 
 OWNER_FILE = "_replica.json"
 LOCK_FILE = "_replica.lock"
+QUARANTINE_LABEL = "_quarantine"  # the quarantine table's entry in the owner file's table_ids
 _held_locks: dict[str, int] = {}  # checkpoint -> file descriptor, held until this process exits
 
 
@@ -64,25 +72,149 @@ def lock_checkpoint(cfg: ReplicaConfig) -> None:
     _held_locks[cfg.checkpoint] = fd
 
 
-def claim_checkpoint(spark: SparkSession, cfg: ReplicaConfig) -> None:
-    """Refuse a checkpoint that belongs to another replica or other topics; label a new one as ours."""
-    owner_path = f"{cfg.checkpoint.rstrip('/')}/{OWNER_FILE}"
-    ours = {"replica": cfg.name, "topics": list(cfg.topics), "tables": sorted(t.name for t in cfg.tables)}
-    if path_exists(spark, owner_path):
-        theirs = json.loads(read_text(spark, owner_path))
-        if theirs.get("replica") != cfg.name or theirs.get("topics") != ours["topics"]:
+def _owner_path(cfg: ReplicaConfig) -> str:
+    return f"{cfg.checkpoint.rstrip('/')}/{OWNER_FILE}"
+
+
+def _read_owner(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, Any] | None:
+    """The checkpoint's owner file, or None if there is none yet.
+
+    A file cut short (the replica killed while writing it) counts as none while the checkpoint has applied
+    nothing: it is written again before the first batch.
+    """
+    path = _owner_path(cfg)
+    if not path_exists(spark, path):
+        return None
+    try:
+        owner = json.loads(read_text(spark, path))
+        if not isinstance(owner, dict):
+            raise ValueError(f"not a JSON object: {owner!r}")
+    except ValueError as exc:
+        if last_committed_offsets(spark, cfg.checkpoint) is None:
+            return None
+        raise CheckpointError(f"replica {cfg.name}: {path} is damaged ({exc}); {_rebuild_fix(cfg)}") from exc
+    return owner
+
+
+def _rebuild_fix(cfg: ReplicaConfig) -> str:
+    return (
+        f"to rebuild the replica from the log, stop it and remove its checkpoint folder {cfg.checkpoint}, then "
+        f"start it again ({cfg.source_file})"
+    )
+
+
+def check_checkpoint(spark: SparkSession, cfg: ReplicaConfig) -> None:
+    """Before any table is created: the checkpoint is this replica's, and its tables are the ones it wrote.
+
+    Raises :class:`CheckpointError` (or :class:`ConfigError` for changed keys) with the reason and the fix.
+    """
+    owner = _read_owner(spark, cfg)
+    if owner is not None:
+        if owner.get("replica") != cfg.name or owner.get("topics") != list(cfg.topics):
             raise CheckpointError(
-                f"checkpoint {cfg.checkpoint} belongs to replica {theirs.get('replica')!r} reading "
-                f"{', '.join(theirs.get('topics', []))}, not to {cfg.name!r} reading {', '.join(cfg.topics)} "
+                f"checkpoint {cfg.checkpoint} belongs to replica {owner.get('replica')!r} reading "
+                f"{', '.join(owner.get('topics', []))}, not to {cfg.name!r} reading {', '.join(cfg.topics)} "
                 f"({cfg.source_file}): give each replica its own replica.checkpoint folder"
             )
-        return
-    if batch_ids(spark, f"{cfg.checkpoint.rstrip('/')}/offsets"):
+    elif batch_ids(spark, f"{cfg.checkpoint.rstrip('/')}/offsets") and not path_exists(spark, _owner_path(cfg)):
         raise CheckpointError(
             f"checkpoint {cfg.checkpoint} has progress but no {OWNER_FILE}: it was not made by a replica; "
             "use an empty folder for replica.checkpoint"
         )
-    write_text(spark, owner_path, json.dumps(ours) + "\n")
+    _check_keys(spark, cfg)
+    committed = last_committed_offsets(spark, cfg.checkpoint)
+    if owner is None or committed is None:
+        return  # nothing applied yet (or a new checkpoint): any table will do, missing ones are created
+    recorded: dict[str, str] = owner.get("table_ids", {})
+    applied = json.dumps({t: {str(p): o for p, o in sorted(parts.items())} for t, parts in committed.items()})
+    for table in cfg.tables:
+        problem = _table_problem(spark, cfg, table, owner, recorded)
+        if problem is not None:
+            raise CheckpointError(
+                f"replica {cfg.name}: checkpoint {cfg.checkpoint} has applied the log up to {applied}, but {problem}: "
+                f"going on would leave out every change before those offsets; {_rebuild_fix(cfg)}"
+            )
+
+
+def _table_problem(
+    spark: SparkSession, cfg: ReplicaConfig, table: TableConfig, owner: dict[str, Any], recorded: dict[str, str]
+) -> str | None:
+    """Why ``table`` (or its retained deletes) is not what the checkpoint wrote to, or None if it is."""
+    if table.name not in owner.get("tables", []):
+        return f"table {table.name} is new to it (it wrote {', '.join(owner.get('tables', []))})"
+    for label, target in _targets(table):
+        what = f"table {table.name}" if label == table.name else f"the retained deletes of {table.name}"
+        current = table_id(spark, target)
+        if current is None:
+            return f"{what} ({target.describe()}) does not exist"
+        if label in recorded and recorded[label] != current:
+            return f"{what} ({target.describe()}) is not the table it wrote to (created again, or another table)"
+        if label not in recorded and label == table.name:  # a checkpoint from before table ids were recorded
+            last = applied_offsets(spark, target)
+            if last is not None and last.replica != cfg.name:
+                return f"{what} ({target.describe()}) holds the commits of replica {last.replica}"
+            if last is None and not _empty(spark, target):
+                return f"{what} ({target.describe()}) holds rows that no commit of replica {cfg.name} wrote"
+    return None
+
+
+def _targets(table: TableConfig) -> list[tuple[str, Target]]:
+    """A table's Delta tables, labelled as in the owner file's ``table_ids``."""
+    return [(table.name, table.target), (f"{table.name}__tombstones", tombstone_target(table))]
+
+
+def _empty(spark: SparkSession, target: Target) -> bool:
+    return read_table(spark, target).limit(1).count() == 0
+
+
+def _check_keys(spark: SparkSession, cfg: ReplicaConfig) -> None:
+    """Refuse a change of a table's keys: its retained deletes (the key columns, then provenance) keep the old."""
+    for table in cfg.tables:
+        target = tombstone_target(table)
+        if not table_exists(spark, target):
+            continue
+        columns = read_table(spark, target).schema.fieldNames()
+        built = columns[: columns.index(PROVENANCE_COLUMNS[0])] if PROVENANCE_COLUMNS[0] in columns else columns
+        if built != list(table.keys):
+            raise ConfigError(
+                cfg.source_file,
+                f"tables.{table.name}.keys",
+                f"keys changed from {built} to {list(table.keys)} since the replica built {table.target.describe()}",
+                f"restore keys = {json.dumps(built)}; or rebuild the replica with the new keys (they regroup every "
+                f"row): new table locations and a new, empty replica.checkpoint folder",
+            )
+
+
+def claim_checkpoint(spark: SparkSession, cfg: ReplicaConfig) -> None:
+    """Label the checkpoint as this replica's and record its tables' Delta ids (once they exist).
+
+    While the checkpoint has applied nothing the ids are recorded afresh; once it has, they stay those of the
+    tables it wrote to, and :func:`check_checkpoint` holds the tables to them.
+    """
+    owner = _read_owner(spark, cfg)
+    progress = owner is not None and last_committed_offsets(spark, cfg.checkpoint) is not None
+    recorded: dict[str, str] = dict(owner.get("table_ids", {})) if owner is not None and progress else {}
+    labels = [*(pair for table in cfg.tables for pair in _targets(table)), (QUARANTINE_LABEL, cfg.quarantine)]
+    for label, target in labels:
+        if label in recorded and label != QUARANTINE_LABEL:
+            continue
+        current = str(table_id(spark, target))
+        if label in recorded and recorded[label] != current:
+            logger.warning(
+                "replica %s: quarantine table %s was created again: it holds the records quarantined from now on",
+                cfg.name,
+                cfg.quarantine.describe(),
+            )
+        recorded[label] = current
+    tables = (owner or {}).get("tables") if progress else None
+    ours = {
+        "replica": cfg.name,
+        "topics": list(cfg.topics),
+        "tables": tables or sorted(t.name for t in cfg.tables),
+        "table_ids": recorded,
+    }
+    if ours != owner:  # written only when it changes: a kill while writing it can cut it short
+        write_text(spark, _owner_path(cfg), json.dumps(ours) + "\n")
 
 
 def _table_offsets(spark: SparkSession, cfg: ReplicaConfig) -> Offsets | None:

@@ -17,6 +17,7 @@ from replica_lib.config import ReplicaConfig
 from replica_lib.errors import TopicError
 from replica_lib.recovery import (
     applied_so_far,
+    check_checkpoint,
     check_log_still_holds,
     claim_checkpoint,
     explain,
@@ -37,7 +38,7 @@ def start_replica(
     hooks: BatchHooks | None = None,
     stop_requested: Callable[[], bool] | None = None,
 ) -> StreamingQuery:
-    """Check the log and the checkpoint, create missing tables, then start the replica's query.
+    """Check the checkpoint and the log, create missing tables, then start the replica's query.
 
     The query runs in its own session (so its Delta write confs are its own) and is named after the replica.
     """
@@ -51,11 +52,14 @@ def _start(
     hooks: BatchHooks | None,
     stop_requested: Callable[[], bool] | None,
 ) -> tuple[StreamingQuery, BatchHandler]:
-    check_reachable(cfg)
+    # The file was checked when it was loaded; what needs storage comes next, and the broker only then, so that a
+    # refused checkpoint creates no table and a bad checkpoint is not reported as an unreachable broker.
     lock_checkpoint(cfg)
     session = spark.newSession()
     for key, value in batch_confs(spark).items():
         session.conf.set(key, value)
+    check_checkpoint(session, cfg)
+    check_reachable(cfg)
     schemas = ensure_replica_tables(session, cfg)
     claim_checkpoint(session, cfg)
     _check_no_data_loss(session, cfg)

@@ -1,7 +1,8 @@
-"""Checkpoint loss, checkpoints of other replicas, and data the log no longer holds."""
+"""Checkpoint loss, checkpoints of other replicas, tables that are not the checkpoint's, and data the log lost."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import uuid
 from pathlib import Path
@@ -9,11 +10,14 @@ from typing import Any
 
 import pytest
 from chispa import assert_df_equality
+from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
 from replica_lib.batch import BatchHooks, BatchStats
-from replica_lib.errors import CheckpointError, DataLossError
+from replica_lib.config import ReplicaConfig, Target
+from replica_lib.errors import CheckpointError, ConfigError, DataLossError
 from replica_lib.stream import start_replica
+from replica_lib.target import read_table, tombstone_target
 from replica_lib.topics import TopicAdmin, TopicSpec
 from tests.integration.support import (
     RUN_TIMEOUT_S,
@@ -92,3 +96,117 @@ def test_records_deleted_unread_stop_the_replica_with_a_rebuild_hint(
     message = str(caught.value)
     assert f"{topic}[0] offsets 3..5" in message
     assert "Rebuild it" in message and cfg.checkpoint in message
+
+
+def assert_matches_model(spark: SparkSession, cfg: ReplicaConfig, log: list[Any]) -> None:
+    assert_df_equality(
+        replica_df(spark, cfg, "orders"),
+        expected_df(spark, cfg, "orders", log),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+
+
+def moved(cfg: ReplicaConfig, path: Path) -> ReplicaConfig:
+    """``cfg`` with its orders table at ``path`` (same checkpoint)."""
+    table = dataclasses.replace(cfg.table("orders"), target=Target(path=str(path)))
+    return dataclasses.replace(cfg, tables=(table,))
+
+
+def test_a_deleted_table_with_its_checkpoint_is_refused_and_the_fix_rebuilds_it(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(partitions=2)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "deleted", {"orders": orders_table(topic)})
+    log = produce(connection, topic, [upsert(k, 1, "a") for k in range(20)] + [delete(3, 2)])
+    run_available_now(spark, cfg)
+    log += produce(connection, topic, [upsert(k, 2, "b") for k in range(10)])
+    run_available_now(spark, cfg)
+    table_path = Path(str(cfg.table("orders").target.path))
+    shutil.rmtree(table_path)
+    log += produce(connection, topic, [upsert(k, 3, "c") for k in range(5)])
+
+    with pytest.raises(CheckpointError) as caught:
+        start_replica(spark, cfg, available_now=True)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "table orders" in message and "does not exist" in message
+    assert f"remove its checkpoint folder {cfg.checkpoint}" in message
+    assert not table_path.exists()  # refused before anything was created
+
+    shutil.rmtree(cfg.checkpoint)  # the fix: rebuild from the log
+    run_available_now(spark, cfg)
+    assert_matches_model(spark, cfg, log)
+
+
+def test_a_checkpoint_pointed_at_a_new_table_location_is_refused(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(partitions=1)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "relocated", {"orders": orders_table(topic)})
+    produce(connection, topic, [upsert(k, 1, "a") for k in range(5)])
+    run_available_now(spark, cfg)
+    elsewhere = moved(cfg, tmp_path / "new_location" / "orders")
+    with pytest.raises(CheckpointError, match=f"remove its checkpoint folder {cfg.checkpoint}"):
+        start_replica(spark, elsewhere, available_now=True)
+    assert not (tmp_path / "new_location").exists()
+
+    # Another table made at that location since (e.g. by another replica, or created by hand) is refused too.
+    other = replica_config(tmp_path, connection["bootstrap.servers"], "other", {"orders": orders_table(topic)})
+    run_available_now(spark, other)
+    with pytest.raises(CheckpointError, match="is not the table it wrote to"):
+        start_replica(spark, moved(cfg, Path(str(other.table("orders").target.path))), available_now=True)
+
+
+def test_an_optimized_table_restarts(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(partitions=2)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "optimized", {"orders": orders_table(topic)})
+    log: list[Any] = []
+    for seq in (1, 2):
+        log += produce(connection, topic, [upsert(k, seq, f"v{seq}") for k in range(10)] + [delete(seq, seq + 1)])
+        run_available_now(spark, cfg)
+    for target in (cfg.table("orders").target, tombstone_target(cfg.table("orders"))):
+        spark.sql(f"OPTIMIZE delta.`{target.path}`").collect()
+        spark.sql(f"VACUUM delta.`{target.path}` RETAIN 168 HOURS").collect()  # a maintenance commit of its own
+    log += produce(connection, topic, [upsert(k, 5, "after") for k in range(3)])
+    run_available_now(spark, cfg)
+    assert_matches_model(spark, cfg, log)
+
+
+def produce_raw(connection: dict[str, str], topic: str, records: list[tuple[bytes, bytes]]) -> None:
+    producer = Producer({**connection, "enable.idempotence": True})
+    for key, value in records:
+        producer.produce(topic, key=key, value=value)
+    assert producer.flush(30) == 0
+
+
+def test_a_replica_whose_first_batch_was_all_quarantined_restarts(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(partitions=1)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "quarantined", {"orders": orders_table(topic)})
+    produce_raw(connection, topic, [(b'{"order_id": 1}', b"not json"), (b'{"order_id": 2}', b'{"op": "nope"}')])
+    run_available_now(spark, cfg)
+    assert read_table(spark, cfg.table("orders").target).count() == 0
+    log = produce(connection, topic, [upsert(k, 1, "a") for k in range(4)] + [delete(2, 2)])
+    run_available_now(spark, cfg)
+    assert_matches_model(spark, cfg, log)
+    assert sorted(r["offset"] for r in read_table(spark, cfg.quarantine).collect()) == [0, 1]
+
+
+def test_changed_keys_are_refused_as_a_key_change(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(partitions=1)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "rekeyed", {"orders": orders_table(topic)})
+    produce(connection, topic, [upsert(1, 1, "a"), delete(1, 2)])
+    run_available_now(spark, cfg)
+    rekeyed = replica_config(
+        tmp_path, connection["bootstrap.servers"], "rekeyed", {"orders": orders_table(topic, keys=["customer"])}
+    )
+    with pytest.raises(ConfigError) as caught:
+        start_replica(spark, rekeyed, available_now=True)
+    assert caught.value.key == "tables.orders.keys"
+    assert "keys changed from ['order_id'] to ['customer']" in str(caught.value)
