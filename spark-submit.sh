@@ -5,7 +5,7 @@
 #   ./spark-submit.sh --master spark://host:7077 jobs/materialize.py conf/orders_a.toml
 #
 # Any spark-submit option may come before the job file. The Spark extras (Delta, Spark's Kafka source, and a
-# job's own, e.g. spark-avro for jobs/bench.py) are passed as --packages, resolved by Spark's Ivy from Maven
+# job's own, e.g. spark-avro for jobs/dev/bench.py) are passed as --packages, resolved by Spark's Ivy from Maven
 # Central into the project's cache (.state/ivy) once; on a cluster the same coordinates are resolved there, and
 # replica_lib is shipped with --py-files.
 set -euo pipefail
