@@ -39,6 +39,7 @@ from replica_lib.merge import (
     delta_table,
     merge_rows,
 )
+from replica_lib.monitor import GroupOffsets
 from replica_lib.ordering import current_versions, latest_per_key
 from replica_lib.progress import batch_end_offsets, checkpoint_generation
 from replica_lib.target import TableSchema, read_table, tombstone_target, version_columns
@@ -157,10 +158,12 @@ class BatchHandler:
         self._filled: set[str] = set()  # tables known to hold data: they never need the emptiness check again
         self._retained = _Retained()
         self._beside = futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"replica-{cfg.name}-beside")
+        self._group_offsets = GroupOffsets(cfg)  # applied offsets for Kafka tooling, committed off the batch's path
 
     def close(self) -> None:
-        """Release the handler's threads (after its query stopped)."""
+        """Release the handler's threads (after its query stopped), once the last applied offsets are committed."""
         self._beside.shutdown(wait=True)
+        self._group_offsets.close()
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         if self.stop_requested is not None and self.stop_requested():
@@ -179,6 +182,7 @@ class BatchHandler:
             self._compact(batch)
         batch.stats.seconds = time.monotonic() - batch.stage.started
         logger.info(batch.stats.line(self.cfg.name))
+        self._group_offsets.publish(batch.stats.offsets)
         if decoded.records and self.hooks.after_batch is not None:
             self.hooks.after_batch(batch.stats)
 

@@ -125,3 +125,38 @@ def applied_offsets(spark: SparkSession, target: Target, version: int | None = N
         if parsed is not None:
             return parsed
     return None
+
+
+@dataclass(frozen=True)
+class ReplicaCommit:
+    """A replica's newest commit to a table: what it applied, and when it was committed (seconds since the epoch)."""
+
+    applied: AppliedVersion
+    committed_s: float
+
+
+def newest_commit(spark: SparkSession, target: Target, replica: str) -> ReplicaCommit | None:
+    """The newest commit that ``replica`` made to a table (its offsets in the metadata), or None.
+
+    Other commits (a compaction, another writer) carry no replica metadata and are passed over. The recent history
+    is read first, as the newest replica commit is almost always among the last few.
+    """
+    from delta.tables import DeltaTable
+
+    table = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, str(target.table))
+    for history in (table.history(_RECENT), table.history()):
+        rows = (
+            history.select("version", "userMetadata", (F.unix_micros("timestamp") / 1e6).alias("committed_s"))
+            .orderBy(F.col("version").desc())
+            .collect()
+        )
+        for row in rows:
+            parsed = _parse(int(row["version"]), row["userMetadata"])
+            if parsed is not None and parsed.replica == replica:
+                return ReplicaCommit(parsed, float(row["committed_s"]))
+        if len(rows) < _RECENT:
+            break  # that was the whole history
+    return None
+
+
+_RECENT = 100  # commits of history read before the whole history is

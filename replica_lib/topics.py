@@ -315,6 +315,27 @@ class TopicAdmin:
         except Exception as exc:
             raise TopicError(f"listing the earliest offsets of {name!r} failed: {exc}") from exc
 
+    def latest_offsets(self, name: str) -> dict[int, int]:
+        """The end of every partition of ``name`` as a ``read_committed`` reader sees it (the last stable offset).
+
+        That is where a replica's batches end: records of open transactions are not yet readable, and a
+        transaction's commit marker takes an offset that the batch after it covers.
+        """
+        from confluent_kafka import IsolationLevel, TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        described = self.describe(name)
+        if described is None:
+            raise TopicError(f"topic {name!r} does not exist on {self._bootstrap}")
+        request = {TopicPartition(name, p): OffsetSpec.latest() for p in range(described[0])}  # type: ignore[no-untyped-call]
+        try:
+            futures = self._admin.list_offsets(
+                request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=self.timeout_s
+            )
+            return {tp.partition: future.result(timeout=self.timeout_s).offset for tp, future in futures.items()}
+        except Exception as exc:
+            raise TopicError(f"listing the latest offsets of {name!r} failed: {exc}") from exc
+
     def delete_records_before(self, name: str, offsets: Mapping[int, int]) -> None:
         """Advance the log start of each partition to ``offsets[partition]`` (what retention does; tests)."""
         from confluent_kafka import TopicPartition

@@ -1,0 +1,71 @@
+"""Replica status and lag: ./spark-submit.sh jobs/status.py conf/orders_a.toml conf/orders_b.toml [--json]
+
+For each replica and table: the records it is behind the log (per partition with ``--partitions``), the age of its
+newest change and of its last commit, its batch, version, rows and quarantined records, and whether it is healthy.
+Exits 1 if any replica is unhealthy, its broker cannot be reached or a table cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from jobs._cli import FAILURE, guarded
+from replica_lib.config import load_replica, local_settings
+from replica_lib.errors import TopicError
+from replica_lib.session import build_session
+from replica_lib.status import Thresholds, render, replica_status, to_json
+from replica_lib.topics import TopicAdmin
+
+
+def main(argv: list[str]) -> int:
+    defaults = Thresholds()
+    parser = argparse.ArgumentParser(prog="status", description="Show how far behind the log replicas are.")
+    parser.add_argument("confs", nargs="+", help="replica files in conf/")
+    parser.add_argument("--json", action="store_true", help="print JSON for machines instead of a table")
+    parser.add_argument("--partitions", action="store_true", help="also show each partition's offsets and lag")
+    parser.add_argument(
+        "--max-lag-records",
+        type=int,
+        default=defaults.max_lag_records,
+        help=f"unhealthy when a table is more records behind than this (default {defaults.max_lag_records})",
+    )
+    parser.add_argument(
+        "--max-lag-seconds",
+        type=float,
+        default=defaults.max_lag_seconds,
+        help="unhealthy when records wait and the table's last commit is older than this "
+        f"(default {defaults.max_lag_seconds:g})",
+    )
+    args = parser.parse_args(argv)
+    if args.max_lag_records < 0 or args.max_lag_seconds < 0:
+        parser.error("--max-lag-records and --max-lag-seconds must be >= 0")
+    # The status is the output: logs go to stderr, warnings only; an unreachable broker is said once, in the status.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("replica_lib.topics.librdkafka").setLevel(logging.CRITICAL)
+    thresholds = Thresholds(args.max_lag_records, args.max_lag_seconds)
+
+    def body() -> int:
+        configs = [load_replica(conf) for conf in args.confs]
+        spark = build_session("replica-status", local_settings())
+        statuses = []
+        for cfg in configs:
+            client = cfg.kafka.client_config()
+            admin, reason = None, client.reason
+            if client.settings is not None:
+                try:
+                    admin = TopicAdmin(client.settings, timeout_s=10.0)
+                except TopicError as exc:
+                    reason = str(exc)
+            else:
+                reason = f"the log's end offsets cannot be read here: {reason}"
+            statuses.append(replica_status(spark, cfg, admin, thresholds, no_admin_reason=reason))
+        print(to_json(statuses) if args.json else render(statuses, partitions=args.partitions))
+        return 0 if all(status.healthy for status in statuses) else FAILURE
+
+    return guarded(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
