@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from replica_dev import maven
 from replica_lib.errors import BrokerError, SetupError
@@ -40,6 +41,8 @@ _DIR_PROP = "-Dreplica.broker.dir="
 _OWNER_PROP = "-Dreplica.broker.owner="
 _STATE_FILE = "broker.json"
 _PR_SET_PDEATHSIG = 1
+PLAIN_LOGIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
+_INTERNAL_USER = "broker"
 
 
 @dataclass(frozen=True)
@@ -155,8 +158,38 @@ def _die_with(parent_pid: int) -> Callable[[], None]:
     return arm
 
 
+def _jaas_quote(value: str) -> str:
+    """``value`` as a quoted JAAS option value (Kafka's parser takes backslash escapes inside quotes)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _sasl_properties(port: int, users: Mapping[str, str], internal: tuple[str, str]) -> dict[str, str]:
+    """Broker settings for a SASL_PLAINTEXT client listener with PLAIN and these users.
+
+    The controller listener stays PLAINTEXT (loopback, the broker's own quorum); brokers talk to each other on
+    the SASL listener as the internal user, so no listener takes a client without credentials.
+    """
+    name, password = internal
+    entries = " ".join(f"user_{user}={_jaas_quote(secret)}" for user, secret in {**users, name: password}.items())
+    jaas = f"{PLAIN_LOGIN_MODULE} required username={_jaas_quote(name)} password={_jaas_quote(password)} {entries};"
+    return {
+        "listeners": f"SASL_PLAINTEXT://127.0.0.1:{port}",
+        "advertised.listeners": f"SASL_PLAINTEXT://127.0.0.1:{port}",
+        "listener.security.protocol.map": "SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": "SASL_PLAINTEXT",
+        "sasl.enabled.mechanisms": "PLAIN",
+        "sasl.mechanism.inter.broker.protocol": "PLAIN",
+        # A properties file reads a backslash as an escape: double it so the JAAS text arrives as written.
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas.replace("\\", "\\\\"),
+    }
+
+
 def _server_properties(
-    data_dir: Path, port: int, controller_port: int, overrides: Mapping[str, str] | None = None
+    data_dir: Path,
+    port: int,
+    controller_port: int,
+    overrides: Mapping[str, str] | None = None,
+    sasl: Mapping[str, str] | None = None,
 ) -> str:
     settings = {
         "process.roles": "broker,controller",
@@ -179,8 +212,11 @@ def _server_properties(
         "group.initial.rebalance.delay.ms": "0",
         "auto.create.topics.enable": "false",
         "num.partitions": "1",
+        **(sasl or {}),
         **(overrides or {}),
     }
+    if sasl:  # the client listener is the SASL one; the controller's stays as it is
+        settings["listeners"] = f"{sasl['listeners']},CONTROLLER://127.0.0.1:{controller_port}"
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
 
@@ -188,6 +224,9 @@ class EmbeddedKafka:
     """One single-node KRaft broker with its data in ``data_dir``; a context manager for tests.
 
     ``properties`` override broker settings (``server.properties`` keys), e.g. to mimic a cluster's defaults.
+    ``sasl_users`` (user -> password) makes the client listener SASL_PLAINTEXT with the PLAIN mechanism, open to
+    those users only; by default it is PLAINTEXT. The passwords are in ``server.properties`` in ``data_dir``, as in
+    any broker's JAAS configuration, and nowhere else the broker writes.
     """
 
     def __init__(
@@ -199,6 +238,7 @@ class EmbeddedKafka:
         start_timeout_s: float = 90.0,
         heap: str = "512m",
         properties: Mapping[str, str] | None = None,
+        sasl_users: Mapping[str, str] | None = None,
     ) -> None:
         self.data_dir = data_dir.resolve()
         self.state_dir = state_dir
@@ -207,6 +247,14 @@ class EmbeddedKafka:
         self.start_timeout_s = start_timeout_s
         self.heap = heap
         self.properties = dict(properties or {})
+        self.sasl_users = dict(sasl_users or {})
+        if any(user == _INTERNAL_USER or not user.isidentifier() for user in self.sasl_users):
+            raise BrokerError(
+                f"SASL user names must be plain names other than {_INTERNAL_USER!r}: {sorted(self.sasl_users)}"
+            )
+        if any("\n" in secret or "\r" in secret for secret in self.sasl_users.values()):
+            raise BrokerError("a SASL password must be one line")
+        self._internal = (_INTERNAL_USER, uuid.uuid4().hex)  # the broker's own user, for inter-broker requests
         self._proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.controller_port = 0
@@ -217,6 +265,26 @@ class EmbeddedKafka:
         if not self.port:
             raise BrokerError("the broker has not been started: call start() first")
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def security_protocol(self) -> str:
+        return "SASL_PLAINTEXT" if self.sasl_users else "PLAINTEXT"
+
+    def client_config(self, user: str | None = None) -> dict[str, str]:
+        """A confluent-kafka (librdkafka) configuration for this broker, as ``user`` (default: the first user)."""
+        conf = {"bootstrap.servers": self.bootstrap_servers}
+        if self.sasl_users:
+            name = user or next(iter(self.sasl_users))
+            password = self._internal[1] if name == _INTERNAL_USER else self.sasl_users[name]
+            conf.update(
+                {
+                    "security.protocol": "SASL_PLAINTEXT",
+                    "sasl.mechanisms": "PLAIN",
+                    "sasl.username": name,
+                    "sasl.password": password,
+                }
+            )
+        return conf
 
     @property
     def pid(self) -> int | None:
@@ -236,7 +304,9 @@ class EmbeddedKafka:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._choose_ports()
         props = self.data_dir / "server.properties"
-        props.write_text(_server_properties(self.data_dir, self.port, self.controller_port, self.properties))
+        sasl = _sasl_properties(self.port, self.sasl_users, self._internal) if self.sasl_users else None
+        props.touch(mode=0o600)  # it may hold the SASL users' passwords
+        props.write_text(_server_properties(self.data_dir, self.port, self.controller_port, self.properties, sasl))
         classpath = ":".join(str(jar) for jar in jars)
         base = [
             java.executable,
@@ -322,7 +392,8 @@ class EmbeddedKafka:
                     f"{self._log_tail()} (full log: {self.data_dir / 'server.log'})"
                 )
             if _accepts_connections(self.port):
-                admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+                conf: dict[str, Any] = {**self.client_config(_INTERNAL_USER if self.sasl_users else None)}
+                admin = AdminClient(conf)
                 try:
                     admin.list_topics(timeout=5)
                     return
@@ -371,7 +442,7 @@ class EmbeddedKafka:
 
     def healthy(self, timeout_s: float = 5.0) -> bool:
         """Whether the broker answers a metadata request within ``timeout_s``."""
-        return probe(self.bootstrap_servers, timeout_s)
+        return probe(self.bootstrap_servers, timeout_s, self.client_config(_INTERNAL_USER if self.sasl_users else None))
 
     def __enter__(self) -> EmbeddedKafka:
         return self.start()
@@ -430,11 +501,14 @@ def stop_detached(data_dir: Path, timeout_s: float = 30.0) -> BrokerProcess | No
     return broker
 
 
-def probe(bootstrap_servers: str, timeout_s: float) -> bool:
-    """Whether a Kafka cluster at ``bootstrap_servers`` answers a metadata request in time."""
+def probe(bootstrap_servers: str, timeout_s: float, config: Mapping[str, str] | None = None) -> bool:
+    """Whether a Kafka cluster at ``bootstrap_servers`` answers a metadata request in time.
+
+    ``config``: further librdkafka settings (e.g. SASL credentials) for the request.
+    """
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0})
+    admin = AdminClient({**(config or {}), "bootstrap.servers": bootstrap_servers, "log_level": 0})
     try:
         admin.list_topics(timeout=timeout_s)
     except Exception:

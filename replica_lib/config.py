@@ -10,7 +10,11 @@ A replica is one TOML file in ``conf/``::
 
     [kafka]
     bootstrap_servers = "${REPLICA_BOOTSTRAP_SERVERS}"
-    options = { "security.protocol" = "SASL_SSL", "sasl.jaas.config" = "${ORDERS_JAAS}" }
+
+    [kafka.options]                         # optional: Kafka client options, in Java's or librdkafka's names
+    "security.protocol"="SASL_SSL"
+    "sasl.mechanism"="PLAIN"
+    "sasl.jaas.config"='org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="${PW}";'
 
     [source]        # optional
     starting_offsets = "earliest"           # or "latest", or Spark's JSON per partition

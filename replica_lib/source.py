@@ -82,8 +82,8 @@ def _check_login(cfg: ReplicaConfig, timeout_s: float) -> None:
     errors: list[KafkaError] = []
     conf: dict[str, Any] = {
         **client.settings,
-        "error_cb": errors.append,
-        "logger": logging.getLogger(f"{__name__}.librdkafka"),
+        "error_cb": errors.append,  # a refused login is reported once, below, not as librdkafka's log lines
+        "log_level": 0,
     }
     admin = AdminClient(conf)
     deadline = time.monotonic() + timeout_s
