@@ -30,7 +30,11 @@ def setup_logging(verbose: bool = False) -> None:
     for handler in logging.getLogger().handlers:
         handler.addFilter(lambda record: record.levelno >= logging.WARNING or "/py4j/" not in record.pathname)
     # librdkafka reports transient states (coordinator loading, reconnects) as warnings; failures still raise.
-    for client in ("replica_lib.producer.librdkafka", "replica_lib.topics.librdkafka"):
+    for client in (
+        "replica_lib.producer.librdkafka",
+        "replica_lib.topics.librdkafka",
+        "replica_lib.monitor.librdkafka",
+    ):
         logging.getLogger(client).setLevel(logging.ERROR)
 
 
