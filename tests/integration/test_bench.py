@@ -32,7 +32,7 @@ def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, st
         "--out": out,
     }
     proc = subprocess.run(
-        [str(PROJECT_ROOT / "spark-submit.sh"), "jobs/bench.py", *(str(x) for kv in args.items() for x in kv)],
+        [str(PROJECT_ROOT / "spark-submit.sh"), "jobs/dev/bench.py", *(str(x) for kv in args.items() for x in kv)],
         cwd=PROJECT_ROOT,
         env=os.environ,
         capture_output=True,

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from jobs import broker as broker_job
+from jobs.dev import broker as broker_job
 from replica_dev import maven
 from replica_dev.embedded_kafka import EmbeddedKafka, find_brokers
 from replica_lib.config import PROJECT_ROOT, LocalSettings
