@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Callable
+from typing import TextIO
 
 from pyspark.errors import AnalysisException, PySparkException, StreamingQueryException
 
@@ -36,6 +38,18 @@ def setup_logging(verbose: bool = False) -> None:
         "replica_lib.monitor.librdkafka",
     ):
         logging.getLogger(client).setLevel(logging.ERROR)
+
+
+def own_stdout() -> TextIO:
+    """Keep standard output for the job's result: everything else the process prints goes to stderr.
+
+    Call it before the SparkSession is built: the JVM that Spark starts (and its Ivy resolution, which prints
+    ``:: loading settings ::`` on stdout) inherits the redirected descriptor, so ``--json`` output stays parseable.
+    """
+    result = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    return result
 
 
 def first_line(exc: BaseException) -> str:

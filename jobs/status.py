@@ -10,16 +10,18 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TextIO
 
-from jobs._cli import FAILURE, guarded
-from replica_lib.config import load_replica, local_settings
+from jobs._cli import FAILURE, guarded, own_stdout
+from replica_lib.config import load_replicas, local_settings
 from replica_lib.errors import TopicError
 from replica_lib.session import build_session
 from replica_lib.status import Thresholds, render, replica_status, to_json
 from replica_lib.topics import TopicAdmin
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], out: TextIO | None = None) -> int:
+    """``out`` takes the status (default stdout); run as a script, stdout is kept for it alone."""
     defaults = Thresholds()
     parser = argparse.ArgumentParser(prog="status", description="Show how far behind the log replicas are.")
     parser.add_argument("confs", nargs="+", help="replica files in conf/")
@@ -45,9 +47,10 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("replica_lib.topics.librdkafka").setLevel(logging.CRITICAL)
     thresholds = Thresholds(args.max_lag_records, args.max_lag_seconds)
+    out = out or sys.stdout
 
     def body() -> int:
-        configs = [load_replica(conf) for conf in args.confs]
+        configs = load_replicas(args.confs)
         spark = build_session("replica-status", local_settings())
         statuses = []
         for cfg in configs:
@@ -61,11 +64,12 @@ def main(argv: list[str]) -> int:
             else:
                 reason = f"the log's end offsets cannot be read here: {reason}"
             statuses.append(replica_status(spark, cfg, admin, thresholds, no_admin_reason=reason))
-        print(to_json(statuses) if args.json else render(statuses, partitions=args.partitions))
+        print(to_json(statuses) if args.json else render(statuses, partitions=args.partitions), file=out)
+        out.flush()
         return 0 if all(status.healthy for status in statuses) else FAILURE
 
     return guarded(body)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], own_stdout()))
