@@ -32,6 +32,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from replica_dev import loadgen
+from replica_dev.conf import orders_table, replica_doc, write_replica
 from replica_dev.embedded_kafka import EmbeddedKafka
 from replica_dev.faults import CRASH_ENV, CRASH_POINTS
 from replica_dev.model import LoggedChange, fold
@@ -42,31 +43,6 @@ from replica_lib.topics import TopicAdmin, TopicSpec
 
 logger = logging.getLogger(__name__)
 
-_CONF = """
-[replica]
-name = "chaos"
-checkpoint = "{data}/_checkpoint"
-quarantine = {{ path = "{data}/_quarantine" }}
-
-[kafka]
-bootstrap_servers = "{bootstrap}"
-
-[source]
-max_offsets_per_trigger = {max_offsets}
-
-[trigger]
-interval = "1 second"
-
-[compaction]
-every_batches = 2
-
-[tables.orders]
-topic = "{topic}"
-keys = ["order_id"]
-sequence_by = "seq"
-schema = "{schema}"
-target = {{ path = "{data}/orders" }}
-"""
 _COLUMNS = (
     "order_id",
     "customer",
@@ -250,15 +226,16 @@ class _Scenario:
         topic = f"{prefix}-{plan.seed}-{int(time.time())}"
         TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=plan.partitions), local=True)
         self.conf = workdir / "chaos.toml"
-        self.conf.write_text(
-            _CONF.format(
-                data=workdir / "data",
-                bootstrap=bootstrap_servers,
-                topic=topic,
-                max_offsets=plan.max_offsets_per_trigger,
-                schema=loadgen.ORDERS_SCHEMA,
-            )
+        doc = replica_doc(
+            "chaos",
+            workdir / "data",
+            bootstrap_servers,
+            {"orders": orders_table(topic)},
+            source={"max_offsets_per_trigger": plan.max_offsets_per_trigger},
+            trigger={"interval": "1 second"},
+            compaction={"every_batches": 2},
         )
+        write_replica(self.conf, doc)
         self.report = ChaosReport(keys=plan.keys)
         self.producer = _Producer(connection, topic, plan)
         self.producer.start()

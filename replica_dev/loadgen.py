@@ -12,7 +12,6 @@ from replica_lib.producer import Change, ChangeProducer
 
 logger = logging.getLogger(__name__)
 
-ORDERS_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, updated_ms BIGINT"
 STATUSES = ("new", "paid", "packed", "shipped", "delivered")
 CUSTOMERS = ("ada", "grace", "edsger", "barbara", "donald", "leslie", "margaret", "ken")
 

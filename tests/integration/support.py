@@ -9,13 +9,13 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from replica_dev.conf import replica_doc
 from replica_dev.model import LoggedChange, fold
 from replica_lib.config import ReplicaConfig, parse_replica
 from replica_lib.producer import Change, ChangeProducer, ProducerSettings
 from replica_lib.stream import start_replica
 from replica_lib.target import read_table, table_schema
 
-ORDERS = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, updated_ms BIGINT"
 RUN_TIMEOUT_S = 300
 
 
@@ -26,24 +26,16 @@ def replica_config(
     tables: Mapping[str, Mapping[str, Any]],
     **source: Any,
 ) -> ReplicaConfig:
-    """A replica whose checkpoint and tables live under ``tmp_path/name``."""
-    root = tmp_path / name
-    doc: dict[str, Any] = {
-        "replica": {
-            "name": name,
-            "checkpoint": str(root / "_checkpoint"),
-            "quarantine": {"path": str(root / "_quarantine")},
-        },
-        "kafka": {"bootstrap_servers": bootstrap},
-        "source": {"starting_offsets": "earliest", **source},
-        "trigger": {"available_now": True},
-        "tables": {table: {"target": {"path": str(root / table)}, **spec} for table, spec in tables.items()},
-    }
+    """A replica whose checkpoint and tables live under ``tmp_path/name``, applying what is in the log and stopping."""
+    doc = replica_doc(
+        name,
+        tmp_path / name,
+        bootstrap,
+        tables,
+        source={"starting_offsets": "earliest", **source},
+        trigger={"available_now": True},
+    )
     return parse_replica(doc, f"{name}.toml", {})
-
-
-def orders_table(topic: str, **overrides: Any) -> dict[str, Any]:
-    return {"topic": topic, "keys": ["order_id"], "sequence_by": "seq", "schema": ORDERS, **overrides}
 
 
 def run_available_now(spark: SparkSession, cfg: ReplicaConfig) -> None:

@@ -16,31 +16,12 @@ from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
 from replica_dev import loadgen
+from replica_dev.conf import orders_table, replica_doc, write_replica
 from replica_lib.config import PROJECT_ROOT, load_replica
 from replica_lib.producer import ChangeProducer
 from tests.integration.support import end_offsets, expected_df, replica_df
 
 pytestmark = pytest.mark.integration
-
-CONF = """
-[replica]
-name = "{name}"
-checkpoint = "{root}/_checkpoint"
-quarantine = {{ path = "{root}/_quarantine" }}
-
-[kafka]
-bootstrap_servers = "${{REPLICA_BOOTSTRAP_SERVERS}}"
-
-[trigger]
-interval = "1 second"
-
-[tables.orders]
-topic = "{topic}"
-keys = ["order_id"]
-sequence_by = "seq"
-schema = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, updated_ms BIGINT"
-target = {{ path = "{root}/orders" }}
-"""
 
 
 class Output:
@@ -79,7 +60,14 @@ def test_materialize_job_stops_after_the_current_batch_on_sigterm(
     with ChangeProducer(connection) as producer:
         log = loadgen.run(producer, topic, loadgen.Workload(keys=40, events=400, seed=3))
     conf = tmp_path / "sigterm.toml"
-    conf.write_text(CONF.format(name="sigterm", root=tmp_path / "data", topic=topic))
+    doc = replica_doc(
+        "sigterm",
+        tmp_path / "data",
+        "${REPLICA_BOOTSTRAP_SERVERS}",
+        {"orders": orders_table(topic)},
+        trigger={"interval": "1 second"},
+    )
+    write_replica(conf, doc)
     env = {**os.environ, "REPLICA_BOOTSTRAP_SERVERS": connection["bootstrap.servers"]}
     proc = subprocess.Popen(
         [str(PROJECT_ROOT / "spark-submit.sh"), "jobs/materialize.py", str(conf)],

@@ -19,13 +19,14 @@ from pyspark.sql import SparkSession
 from jobs import maintain as maintain_job
 from jobs import materialize as materialize_job
 from replica_dev import loadgen
+from replica_dev.conf import orders_table, write_replica
 from replica_dev.embedded_kafka import EmbeddedKafka
 from replica_lib.config import LocalSettings, ReplicaConfig, parse_replica
 from replica_lib.errors import ConfigError, ReplicaError
 from replica_lib.producer import ChangeProducer
 from replica_lib.stream import start_replica
 from replica_lib.topics import TopicAdmin, TopicSpec
-from tests.integration.support import orders_table, run_available_now
+from tests.integration.support import run_available_now
 from tests.integration.test_semantics import assert_matches_model
 
 pytestmark = pytest.mark.integration
@@ -64,32 +65,6 @@ def replica_doc(tmp_path: Path, broker: EmbeddedKafka, name: str, topic: str) ->
     }
 
 
-def write_toml(path: Path, doc: dict[str, Any]) -> Path:
-    """The replica file as a user writes it: the JAAS text names ${CANARY}, the environment holds the password."""
-    rep, kafka, table = doc["replica"], doc["kafka"], doc["tables"]["orders"]
-    options = ", ".join(f"\"{key}\" = '{value}'" for key, value in kafka["options"].items())
-    path.write_text(
-        f"""[replica]
-name = "{rep["name"]}"
-checkpoint = "{rep["checkpoint"]}"
-quarantine = {{ path = "{rep["quarantine"]["path"]}" }}
-tombstone_retention = "{rep["tombstone_retention"]}"
-
-[kafka]
-bootstrap_servers = "{kafka["bootstrap_servers"]}"
-options = {{ {options} }}
-
-[tables.orders]
-topic = "{table["topic"]}"
-keys = ["order_id"]
-sequence_by = "seq"
-schema = "{table["schema"]}"
-target = {{ path = "{table["target"]["path"]}" }}
-"""
-    )
-    return path
-
-
 def new_topic(broker: EmbeddedKafka) -> str:
     topic = f"secure-{uuid.uuid4().hex[:10]}"
     TopicAdmin(broker.client_config()).ensure(TopicSpec.local(topic, partitions=3), local=True)
@@ -126,7 +101,7 @@ def test_a_java_jaas_login_runs_restarts_and_maintains_without_leaking_the_passw
     run_available_now(spark, cfg)  # a restart: its pre-checks read the log's start offsets with the same login
     assert_matches_model(spark, cfg, log)
 
-    conf = write_toml(tmp_path / "secure.toml", doc)
+    conf = write_replica(tmp_path / "secure.toml", doc)
     monkeypatch.setenv("CANARY", CANARY)
     assert maintain_job.main([str(conf)]) == 0
     assert_matches_model(spark, cfg, log)
@@ -164,7 +139,7 @@ def test_a_wrong_password_is_one_line_before_any_table_is_created(
     assert not (tmp_path / "refused" / "orders").exists()
     assert not (tmp_path / "refused" / "_quarantine").exists()
 
-    conf = write_toml(tmp_path / "refused.toml", doc)
+    conf = write_replica(tmp_path / "refused.toml", doc)
     monkeypatch.setenv("CANARY", wrong)
     capfd.readouterr()
     assert materialize_job.main([str(conf), "--available-now"]) == 2

@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 
 from jobs.status import main as status_main
 from replica_dev import maven
+from replica_dev.conf import orders_table, replica_doc, write_replica
 from replica_dev.model import LoggedChange
 from replica_lib.config import LocalSettings, ReplicaConfig, load_replica
 from replica_lib.monitor import group_id
@@ -32,26 +33,6 @@ KAFKA_TOOLS = (f"org.apache.kafka:kafka-tools:{maven.KAFKA_BROKER_VERSION}",)
 CONSUMER_GROUP_COMMAND = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
 EVENT_S = 1_700_000_000.0  # the event time support.upsert gives every change
 
-CONF = """
-[replica]
-name = "{name}"
-checkpoint = "{root}/_checkpoint"
-quarantine = {{ path = "{root}/_quarantine" }}
-
-[kafka]
-bootstrap_servers = "{bootstrap}"
-
-[trigger]
-available_now = true
-
-[tables.orders]
-topic = "{topic}"
-keys = ["order_id"]
-sequence_by = "seq"
-schema = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, updated_ms BIGINT"
-target = {{ path = "{root}/orders" }}
-"""
-
 
 @pytest.fixture(scope="module")
 def tools_classpath(settings: LocalSettings) -> str:
@@ -65,7 +46,10 @@ def _replica_file(
     tmp_path: Path, name: str, bootstrap: str, topic: str, file: str | None = None
 ) -> tuple[str, ReplicaConfig]:
     path = tmp_path / f"{file or name}.toml"
-    path.write_text(CONF.format(name=name, root=tmp_path / name, bootstrap=bootstrap, topic=topic))
+    doc = replica_doc(
+        name, tmp_path / name, bootstrap, {"orders": orders_table(topic)}, trigger={"available_now": True}
+    )
+    write_replica(path, doc)
     return str(path), load_replica(path)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from replica_dev.conf import ORDERS_SCHEMA
 from replica_lib.config import (
     CompactionConfig,
     KafkaConfig,
@@ -24,7 +25,6 @@ from replica_lib.errors import ConfigError
 CONF = Path(__file__).resolve().parents[2] / "conf"
 ENV = {"REPLICA_DATA_DIR": "/tmp/x", "REPLICA_BOOTSTRAP_SERVERS": "h:1"}
 SOURCE = "test.toml"
-ORDERS_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, updated_ms BIGINT"
 
 
 def base_doc() -> dict[str, Any]:

@@ -10,11 +10,11 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
+from replica_dev.conf import ORDERS_SCHEMA
 from replica_lib.config import DdlError, load_replica, load_replicas, parse_replica, parse_schema, schema_json
 from replica_lib.errors import ConfigError
 
 SOURCE = "checks.toml"
-ORDERS_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, updated_ms BIGINT"
 
 
 def doc_with(**table: Any) -> dict[str, Any]:
