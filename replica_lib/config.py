@@ -479,7 +479,7 @@ def load_replica(path: str | Path, environ: Mapping[str, str] | None = None) -> 
 
 
 def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str]) -> ReplicaConfig:
-    """Validate an already-parsed replica document."""
+    """Validate an already-parsed replica document: every section, then the replica's layout as a whole."""
     r = _Reader(source, environ)
     r.only(doc, "", {"replica", "kafka", "source", "trigger", "compaction", "tables"})
     rep = r.section(doc, "replica", {"name", "checkpoint", "quarantine", "tombstone_retention"}, required=True)
@@ -488,8 +488,26 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
         raise r.fail("replica.name", f"{name!r} is not a plain name", "use letters, digits and _ only")
     if "quarantine" not in rep:
         raise r.fail("replica.quarantine", "missing", 'set quarantine = { path = "..." }')
-    checkpoint = r.string(rep, "checkpoint", "replica")
-    quarantine = r.target(rep["quarantine"], "replica.quarantine")
+    tables_doc = doc.get("tables")
+    if not isinstance(tables_doc, dict) or not tables_doc:
+        raise r.fail("tables", "no tables", "add at least one [tables.<name>] section")
+    cfg = ReplicaConfig(
+        name=name,
+        source_file=source,
+        kafka=_parse_kafka(r, doc),
+        tables=tuple(_parse_table(r, tname, tdoc) for tname, tdoc in tables_doc.items()),
+        source=_parse_source(r, doc),
+        trigger=_parse_trigger(r, doc),
+        checkpoint=r.string(rep, "checkpoint", "replica"),
+        quarantine=r.target(rep["quarantine"], "replica.quarantine"),
+        tombstone_retention_s=_parse_retention(r, rep),
+        compaction=_parse_compaction(r, doc),
+    )
+    _check_layout(cfg)
+    return cfg
+
+
+def _parse_retention(r: _Reader, rep: Mapping[str, Any]) -> int:
     retention = r.string(rep, "tombstone_retention", "replica", "7 days")
     retention_match = _RETENTION.match(retention.strip())
     if not retention_match:
@@ -499,8 +517,10 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
             'e.g. tombstone_retention = "7 days" (seconds, minutes, hours or days)',
         )
     unit = retention_match.group(2).lower().rstrip("s")
-    tombstone_retention_s = int(retention_match.group(1)) * _UNIT_S[unit]
+    return int(retention_match.group(1)) * _UNIT_S[unit]
 
+
+def _parse_kafka(r: _Reader, doc: Mapping[str, Any]) -> KafkaConfig:
     kaf = r.section(doc, "kafka", {"bootstrap_servers", "options"}, required=True)
     options = kaf.get("options", {})
     if not isinstance(options, dict) or not all(isinstance(v, str) for v in options.values()):
@@ -513,7 +533,10 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
         options=tuple(sorted((k, r.expand(f"kafka.options.{k}", v)) for k, v in options.items())),
     )
     _check_kafka_options(r, kafka)
+    return kafka
 
+
+def _parse_source(r: _Reader, doc: Mapping[str, Any]) -> SourceConfig:
     src = r.section(doc, "source", {"starting_offsets", "max_offsets_per_trigger", "fail_on_data_loss"}, False)
     max_offsets = src.get("max_offsets_per_trigger")
     if max_offsets is not None and (
@@ -531,12 +554,14 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
             f"{starting_offsets!r} is not earliest, latest or a JSON object",
             """e.g. "earliest", or per partition '{"orders": {"0": 42, "1": -2}}'""",
         )
-    source_cfg = SourceConfig(
+    return SourceConfig(
         starting_offsets=starting_offsets,
         max_offsets_per_trigger=max_offsets,
         fail_on_data_loss=r.boolean(src, "fail_on_data_loss", "source", True),
     )
 
+
+def _parse_trigger(r: _Reader, doc: Mapping[str, Any]) -> TriggerConfig:
     trig = r.section(doc, "trigger", {"available_now", "interval"}, required=False)
     interval = r.string(trig, "interval", "trigger", "5 seconds")
     if not _INTERVAL.match(interval.strip()):
@@ -545,34 +570,17 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
             f"{interval!r} is not a Spark duration",
             'e.g. "10 seconds" (units: milliseconds, seconds, minutes or hours)',
         )
-    trigger = TriggerConfig(available_now=r.boolean(trig, "available_now", "trigger", False), interval=interval)
+    return TriggerConfig(available_now=r.boolean(trig, "available_now", "trigger", False), interval=interval)
 
+
+def _parse_compaction(r: _Reader, doc: Mapping[str, Any]) -> CompactionConfig:
     comp = r.section(doc, "compaction", {"every_batches", "small_file_mb"}, required=False)
-    compaction = CompactionConfig(
+    return CompactionConfig(
         every_batches=r.integer(
             comp, "every_batches", "compaction", 50, 0, "e.g. every_batches = 50 (0 turns the replica's compaction off)"
         ),
         small_file_mb=r.integer(comp, "small_file_mb", "compaction", 16, 1, "e.g. small_file_mb = 16"),
     )
-
-    tables_doc = doc.get("tables")
-    if not isinstance(tables_doc, dict) or not tables_doc:
-        raise r.fail("tables", "no tables", "add at least one [tables.<name>] section")
-    tables = tuple(_parse_table(r, tname, tdoc) for tname, tdoc in tables_doc.items())
-    cfg = ReplicaConfig(
-        name=name,
-        source_file=source,
-        kafka=kafka,
-        tables=tables,
-        source=source_cfg,
-        trigger=trigger,
-        checkpoint=checkpoint,
-        quarantine=quarantine,
-        tombstone_retention_s=tombstone_retention_s,
-        compaction=compaction,
-    )
-    _check_layout(cfg)
-    return cfg
 
 
 def _json_object(text: str) -> bool:
