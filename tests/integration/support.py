@@ -9,6 +9,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from replica_dev.conf import orders_table as orders_table  # re-exported for the tests
 from replica_dev.conf import replica_doc
 from replica_dev.model import LoggedChange, fold
 from replica_lib.config import ReplicaConfig, parse_replica
