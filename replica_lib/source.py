@@ -71,7 +71,7 @@ def check_reachable(cfg: ReplicaConfig, timeout_s: float = 15.0) -> None:
 
 
 def _check_login(cfg: ReplicaConfig, timeout_s: float) -> None:
-    """Raise :class:`ConfigError` if the cluster refuses the replica's credentials; other trouble is Spark's to see."""
+    """Raise :class:`ConfigError` if the cluster refuses the replica's credentials or lacks one of its topics."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
 
@@ -89,10 +89,12 @@ def _check_login(cfg: ReplicaConfig, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            admin.list_topics(timeout=1)
-            return
+            metadata = admin.list_topics(timeout=1)
         except KafkaException:
             admin.poll(0)  # serves the error callback
+        else:
+            _check_topics_exist(cfg, set(metadata.topics))
+            return
         refused = next((e for e in errors if e.code() == KafkaError._AUTHENTICATION), None)
         if refused is not None:
             given = dict(cfg.kafka.options)
@@ -104,6 +106,18 @@ def _check_login(cfg: ReplicaConfig, timeout_s: float) -> None:
                 "check the user name, password and sasl.mechanism the cluster expects",
             )
     logger.warning("replica %s: Kafka did not answer a metadata request within %.0fs", cfg.name, timeout_s)
+
+
+def _check_topics_exist(cfg: ReplicaConfig, topics: set[str]) -> None:
+    """Refuse a replica whose topic does not exist: Spark's source would wait on it, then fail with a trace."""
+    for table in cfg.tables:
+        if table.topic not in topics:
+            raise ConfigError(
+                cfg.source_file,
+                f"tables.{table.name}.topic",
+                f"topic {table.topic!r} does not exist on {cfg.kafka.bootstrap_servers}",
+                "create the topic before the replica starts, or correct its name",
+            )
 
 
 def read_changes(spark: SparkSession, cfg: ReplicaConfig, starting_offsets: str | None = None) -> DataFrame:

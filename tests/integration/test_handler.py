@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from replica_lib.batch import BatchHandler, BatchHooks
 from replica_lib.config import ReplicaConfig
+from replica_lib.errors import ConfigError
 from replica_lib.merge import delta_table
 from replica_lib.progress import applied_offsets
 from replica_lib.stream import batch_confs, start_replica
@@ -120,3 +122,17 @@ def test_a_failing_handler_fails_the_query_and_the_restart_applies_everything_on
     assert_matches_model(spark, cfg, log)
     applied = applied_offsets(spark, cfg.table("orders").target)
     assert applied is not None and applied.offsets == {topic: end_offsets(log)}
+
+
+def test_a_topic_that_does_not_exist_is_one_line_before_anything_is_created(
+    spark: SparkSession, connection: dict[str, str], tmp_path: Path
+) -> None:
+    topic = f"missing-{uuid.uuid4().hex[:8]}"
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "nowhere", {"orders": orders_table(topic)})
+    with pytest.raises(ConfigError) as refused:
+        start_replica(spark, cfg, available_now=True)
+    assert str(refused.value) == (
+        f"nowhere.toml: tables.orders.topic: topic {topic!r} does not exist on {connection['bootstrap.servers']} "
+        "(fix: create the topic before the replica starts, or correct its name)"
+    )
+    assert not (tmp_path / "nowhere" / "orders").exists()
