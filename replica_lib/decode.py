@@ -6,6 +6,9 @@ Two stages, both pure ``DataFrame -> DataFrame``:
 2. :func:`table_changes` types one table's key and row with the table's schema.
 
 Any failure sets ``_error`` (a sentence saying what is wrong); :func:`valid` and :func:`rejected` split on it.
+Decoding is strict and total (docs/contract.md, "Edge cases of the contract"): a key or value is valid UTF-8 holding
+exactly one strict JSON object (no trailing content, no duplicate field names, no NaN, single quotes or comments),
+typed as declared without coercion; every other record is rejected with a reason.
 Columns of an envelope row: ``_topic, _partition, _offset, _kafka_ts, _key, _value`` (the raw record, kept for
 quarantine; :func:`table_changes` keeps ``_key`` and ``_value`` on rejected changes only), ``_table, _op, _seq,
 _event_ts, _tombstone, _key_json, _data_json, _error``.
@@ -23,7 +26,19 @@ from pyspark.sql import types as T
 from replica_lib.config import ReplicaConfig, TableConfig
 from replica_lib.target import TableSchema
 
-_PERMISSIVE = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt"}
+#: Every typed parse: permissive (a bad record gets a reason, not a failed batch) but with JSON's own syntax only.
+_PERMISSIVE = {
+    "mode": "PERMISSIVE",
+    "columnNameOfCorruptRecord": "_corrupt",
+    "allowSingleQuotes": "false",
+    "allowNonNumericNumbers": "false",
+}
+#: How deep a JSON text may nest (the parser's limit); deeper texts are rejected with a reason of their own.
+MAX_DEPTH = 1000
+_SYNTAX_ONLY = "_x STRING, _corrupt STRING"
+_NOT_JSON = "not valid JSON (NaN, Infinity, single quotes, comments and leading zeros are not JSON)"
+#: First characters of the text Spark makes of a number, boolean, object or array read into a STRING field.
+_COERCED_STARTS = ("-", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "t", "f", "{", "[")
 NATIVE_ENVELOPE = "op STRING, seq LONG, ts_ms LONG, table STRING, data STRING, _corrupt STRING"
 DEBEZIUM_OUTER = "schema STRING, payload STRING, op STRING, _corrupt STRING"
 DEBEZIUM_PAYLOAD = "before STRING, after STRING, op STRING, ts_ms LONG, source STRING, _corrupt STRING"
@@ -61,6 +76,68 @@ def _raw(raw_df: DataFrame) -> DataFrame:
         F.col("key").alias("_key"),
         F.col("value").alias("_value"),
     )
+
+
+def _strict(text: Column) -> Column:
+    """``[text]`` parsed strictly (a variant): null if it is not JSON, nests too deep or repeats a field name at any
+    depth. Its element 0 is the text's JSON value; an element 1 means a second value followed."""
+    return F.try_parse_json(F.concat(F.lit("["), text, F.lit("]")))
+
+
+def _single(text: Column, strict: Column) -> Column:
+    """Whether ``text`` is exactly one strict JSON value (whitespace around it allowed).
+
+    The parser ignores what follows the value it read, so the text is wrapped: ``[text]`` must hold exactly one
+    element. A text can only escape that wrapper with a ``]`` of its own; such texts are parsed once more inside
+    ``{"k": text}``, which no text can close both ways.
+    """
+    one = (
+        F.try_variant_get(strict, "$[0]", "variant").isNotNull() & F.try_variant_get(strict, "$[1]", "variant").isNull()
+    )
+    closed = F.try_parse_json(F.concat(F.lit('{"k":'), text, F.lit("}"))).isNotNull()
+    return one & F.when(F.instr(text, "]") > 0, closed).otherwise(F.lit(True))
+
+
+def _is_object(strict: Column) -> Column:
+    return F.startswith(F.schema_of_variant(F.try_variant_get(strict, "$[0]", "variant")), F.lit("OBJECT"))
+
+
+def _not_string(strict: Column, path: str) -> Column:
+    """Whether the JSON value at ``path`` of a :func:`_strict` variant is there and not a string."""
+    kind = F.schema_of_variant(F.try_variant_get(strict, path, "variant"))
+    return kind.isNotNull() & (kind != "STRING") & (kind != "VOID")
+
+
+def _looks_coerced(value: Column) -> Column:
+    """Whether a STRING read by ``from_json`` may be a number, boolean, object or array turned into text (cheap;
+    only such values are looked up in the strict parse)."""
+    return value.isNotNull() & F.substring(value, 1, 1).isin(*_COERCED_STARTS)
+
+
+def _field_path(*names: str) -> str:
+    return "$[0]" + "".join(f"['{n}']" for n in names)
+
+
+def _text_checks(raw: Column, single: Column, what: str, not_object: str) -> list[tuple[Column, Column | str]]:
+    """Why the bytes ``raw`` are not exactly one strict JSON value, first reason first (see :func:`_first_error`).
+
+    ``single`` is :func:`_single` of the text, computed once in a column of its own. Everything past the UTF-8 check
+    is evaluated only for a text that is not one strict JSON value, so a valid record pays for none of the parses
+    below.
+    """
+    text = raw.cast("string")
+    syntax = F.from_json(text, _SYNTAX_ONLY, _PERMISSIVE)
+    syntax_bad = syntax.isNull() | syntax["_corrupt"].isNotNull()
+    deep = F.from_json(text, _SYNTAX_ONLY, {**_PERMISSIVE, "maxNestingDepth": str(100 * MAX_DEPTH)})
+    only_too_deep = deep.isNotNull() & deep["_corrupt"].isNull()
+    return [
+        (~F.is_valid_utf8(text), f"{what} is not valid UTF-8"),
+        (F.octet_length(raw) == 0, f"{what} is empty (zero bytes)"),
+        (~single & syntax_bad & only_too_deep, f"{what} nests deeper than {MAX_DEPTH} levels"),
+        (~single & syntax_bad, f"{not_object}: {_NOT_JSON}"),
+        (~single & F.try_parse_json(text).isNull(), f"{what} has a duplicate field name"),
+        (~single, f"{what} has content after its JSON object"),
+    ]
 
 
 def _suspect(parsed: Column, *fields: str) -> Column:
@@ -109,11 +186,24 @@ def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig], data: T.S
     rejected record gets the same reason either way.
     """
     text = F.col("_value").cast("string")
-    parsed_df = _raw(raw_df)
+    parsed_df = _raw(raw_df).withColumn("_strict", _strict(text))
+    strict = F.col("_strict")
+    parsed_df = parsed_df.withColumn("_single", F.is_valid_utf8(text) & _single(text, strict))
+    single = F.col("_single")
     if data is not None:
         parsed_df = parsed_df.withColumn("_typed", F.from_json(text, _typed_envelope(data), _PERMISSIVE))
         typed = F.col("_typed")
-        clean: Column = typed.isNotNull() & typed["_corrupt"].isNull() & typed["op"].isNotNull()
+        # A clean record is also exactly one strict JSON text in UTF-8 with no value coerced into a STRING column.
+        coerced = [
+            _looks_coerced(typed["data"][f.name]) & _not_string(strict, _field_path("data", f.name))
+            for f in data.fields
+            if isinstance(f.dataType, T.StringType)
+        ]
+        clean: Column = reduce(
+            lambda a, b: a & ~b,
+            coerced,
+            typed.isNotNull() & typed["_corrupt"].isNull() & typed["op"].isNotNull() & single,
+        )
         fields = [typed[f].alias(f) for f in ("op", "seq", "ts_ms", "table")]
         untyped = F.from_json(text, NATIVE_ENVELOPE, _PERMISSIVE)  # evaluated only where ``clean`` is false
         # `data` is only tested for presence on a clean record (its typed form is in the typed column).
@@ -127,20 +217,20 @@ def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig], data: T.S
     is_tombstone = F.col("_value").isNull()
     op = env["op"]
     table, route_error = _route(tables, env["table"])
+    wrong_type = "envelope has a field of the wrong type (op and table are strings, seq and ts_ms integers)"
     error = _first_error(
         (F.col("_key").isNull(), "missing key: the Kafka record key is null"),
         (is_tombstone, _no_error()),
-        # A second parse of the value, only for records whose envelope did not parse cleanly.
-        (_suspect(env, "op") & F.json_object_keys(text).isNull(), "value is not a JSON object"),
-        (
-            env["_corrupt"].isNotNull(),
-            "envelope has a field of the wrong type (op and table are strings, seq and ts_ms integers)",
-        ),
+        *_text_checks(F.col("_value"), single, "value", "value is not a JSON object"),
+        (_suspect(env, "op") & ~_is_object(strict), "value is not a JSON object"),
+        (env["_corrupt"].isNotNull(), wrong_type),
         (op.isNull(), "missing op"),
+        (~op.isin("upsert", "delete") & _not_string(strict, _field_path("op")), wrong_type),
         (
             ~op.isin("upsert", "delete"),
             F.concat(F.lit("unknown op '"), op, F.lit("' (expected upsert or delete)")),
         ),
+        (route_error.isNotNull() & _not_string(strict, _field_path("table")), wrong_type),
         (route_error.isNotNull(), route_error),
         ((op == "upsert") & env["data"].isNull(), "upsert without data"),
     )
@@ -185,6 +275,8 @@ def debezium_envelopes(raw_df: DataFrame, table: TableConfig, data_columns: Sequ
     wrapped = outer["payload"].isNotNull() & outer["op"].isNull()
     staged_df = (
         _raw(raw_df)
+        .withColumn("_strict", _strict(text))
+        .withColumn("_single", _single(text, F.col("_strict")))
         .withColumn("_outer", F.from_json(text, DEBEZIUM_OUTER, _PERMISSIVE))
         .withColumn("_payload_text", F.when(wrapped, outer["payload"]).otherwise(text))
         .withColumn("_payload", F.from_json(F.col("_payload_text"), DEBEZIUM_PAYLOAD, _PERMISSIVE))
@@ -205,7 +297,8 @@ def debezium_envelopes(raw_df: DataFrame, table: TableConfig, data_columns: Sequ
     error = _first_error(
         (F.col("_key").isNull(), "missing key: the Kafka record key is null"),
         (is_tombstone, _no_error()),
-        (_suspect(outer, "payload", "op") & F.json_object_keys(text).isNull(), "value is not a JSON object"),
+        *_text_checks(F.col("_value"), F.col("_single"), "value", "value is not a JSON object"),
+        (_suspect(outer, "payload", "op") & ~_is_object(F.col("_strict")), "value is not a JSON object"),
         (payload["_corrupt"].isNotNull(), "Debezium payload has a field of the wrong type"),
         (dbz_op.isNull(), "missing op in the Debezium payload"),
         (
@@ -259,27 +352,46 @@ def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False
     """
     table = schema.table
     keys = list(table.keys)
+    key_text = F.col("_key").cast("string")
     mine = F.col("_table") == table.name
     staged_df = (
         (env_df if alone else env_df.where(mine | F.col("_table").isNull() if unrouted else mine))
         .withColumn("_k", F.from_json(F.col("_key_json"), _with_corrupt(schema.key_schema), _PERMISSIVE))
         .withColumn("_d", _data(env_df, schema))
+        .withColumn("_key_single", _single(key_text, _strict(key_text)))
     )
     key_struct, data_struct = F.col("_k"), F.col("_d")
     is_upsert = F.col("_op") == "upsert"
+    data_strict = F.try_parse_json(F.col("_data_json"))
     bad_columns = F.concat_ws(
         ", ",
         *[
-            F.when(
-                F.get_json_object(F.col("_data_json"), f"$.{f.name}").isNotNull() & data_struct[f.name].isNull(),
-                F.lit(f"{f.name} ({f.dataType.simpleString()})"),
-            )
+            F.when(_mistyped(f, data_struct, data_strict), F.lit(f"{f.name} ({f.dataType.simpleString()})"))
             for f in schema.data.fields
         ],
     )
-    # Which columns are mistyped: one JSON lookup per column, so only for the rows whose data did not parse.
-    staged_df = staged_df.withColumn("_bad", F.when(is_upsert & data_struct["_corrupt"].isNotNull(), bad_columns))
+    # Which columns are mistyped: one more parse of the data, so only for the rows whose data did not parse, may hold
+    # a value turned into a string, or hold a number too large for its column (1e400 reads as an infinite double).
+    suspect = reduce(
+        lambda a, b: a | b,
+        [_looks_coerced(data_struct[f.name]) for f in schema.data.fields if isinstance(f.dataType, T.StringType)]
+        + [_infinite(data_struct[f.name]) for f in schema.data.fields if _is_floating(f.dataType)],
+        data_struct["_corrupt"].isNotNull(),
+    )
+    staged_df = staged_df.withColumn("_bad", F.when(is_upsert & suspect, bad_columns))
     key_missing = reduce(lambda a, b: a | b, [key_struct[k].isNull() for k in keys])
+    key_strict = F.try_parse_json(F.col("_key_json"))
+    key_mistyped = reduce(
+        lambda a, b: a | b,
+        [
+            _looks_coerced(key_struct[f.name]) & _not_string(key_strict, f"$['{f.name}']")
+            for f in schema.key_schema.fields
+            if isinstance(f.dataType, T.StringType)
+        ],
+        key_struct["_corrupt"].isNotNull(),
+    )
+    key_names = F.json_object_keys(F.col("_key_json"))
+    key_extra = F.array_except(key_names, F.array(*[F.lit(k) for k in keys]))
     key_differs = reduce(lambda a, b: a | b, [~key_struct[k].eqNullSafe(data_struct[k]) for k in keys])
     sequenced = table.sequence_by is not None
     if table.sequence_by and table.sequence_by in schema.data.fieldNames():
@@ -288,19 +400,25 @@ def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False
         seq = row_seq if table.format == "debezium" else F.when(is_upsert, row_seq).otherwise(F.col("_seq"))
     else:
         seq = F.col("_seq")
+    not_key_object = f"key is not a JSON object of the key columns ({', '.join(keys)})"
     error = _first_error(
         (F.col("_error").isNotNull(), F.col("_error")),
+        *_text_checks(F.col("_key"), F.col("_key_single"), "key", not_key_object),
+        ((key_struct.isNull() | key_struct["_corrupt"].isNotNull() | key_missing) & key_names.isNull(), not_key_object),
         (
-            (key_struct.isNull() | key_struct["_corrupt"].isNotNull() | key_missing)
-            & F.json_object_keys(F.col("_key_json")).isNull(),
-            f"key is not a JSON object of the key columns ({', '.join(keys)})",
-        ),
-        (
-            key_struct["_corrupt"].isNotNull(),
+            key_mistyped,
             f"key has a column of the wrong type (expected "
             f"{', '.join(f'{f.name} {f.dataType.simpleString()}' for f in schema.key_schema.fields)})",
         ),
         (key_missing, f"key lacks a key column ({', '.join(keys)})"),
+        (
+            F.size(key_extra) > 0,
+            F.concat(
+                F.lit("key has a field that is not a key column: "),
+                F.array_join(key_extra, ", "),
+                F.lit(f" (the key columns: {', '.join(keys)})"),
+            ),
+        ),
         (
             F.col("_bad") != "",
             F.concat(F.lit("data does not match the table schema: "), F.col("_bad")),
@@ -350,6 +468,26 @@ def _data(env_df: DataFrame, schema: TableSchema) -> Column:
     typed = F.col(f"`{name}`")
     fields = [typed[f.name].alias(f.name) for f in schema.data.fields]
     return F.when(typed.isNotNull(), F.struct(*fields, F.lit(None).cast("string").alias("_corrupt"))).otherwise(parsed)
+
+
+def _is_floating(data_type: T.DataType) -> bool:
+    return isinstance(data_type, (T.DoubleType, T.FloatType))
+
+
+def _infinite(value: Column) -> Column:
+    return value.isin(float("inf"), float("-inf"))
+
+
+def _mistyped(field: T.StructField, data_struct: Column, data_strict: Column) -> Column:
+    """Whether the data's value for ``field`` does not have the column's type (Spark read it as null, turned a
+    non-string into a STRING, or overflowed a floating column to infinity)."""
+    value = data_struct[field.name]
+    present = F.get_json_object(F.col("_data_json"), f"$.{field.name}").isNotNull()
+    if isinstance(field.dataType, T.StringType):
+        return (present & value.isNull()) | (_looks_coerced(value) & _not_string(data_strict, f"$['{field.name}']"))
+    if _is_floating(field.dataType):
+        return (present & value.isNull()) | _infinite(value)
+    return present & value.isNull()
 
 
 def _with_corrupt(schema: T.StructType) -> T.StructType:

@@ -54,10 +54,12 @@ def schemas_of(cfg: ReplicaConfig) -> dict[str, TableSchema]:
     return {table.name: table_schema(table, "test.toml") for table in cfg.tables}
 
 
-def decode_table(spark: SparkSession, cfg: ReplicaConfig, rows: list[RawRow], table: str) -> DataFrame:
+def decode_table(
+    spark: SparkSession, cfg: ReplicaConfig, rows: list[RawRow], table: str, unrouted: bool = False
+) -> DataFrame:
     schemas = schemas_of(cfg)
     env_df = decode.envelopes(spark.createDataFrame(rows, RAW_SCHEMA), cfg, schemas)
-    return decode.table_changes(env_df, schemas[table])
+    return decode.table_changes(env_df, schemas[table], unrouted=unrouted)
 
 
 def typed(df: DataFrame, *columns: str) -> DataFrame:
@@ -74,6 +76,7 @@ def offsets(df: DataFrame) -> list[int]:
 
 
 ORDERS = {"topic": "orders", "keys": ["order_id"], "sequence_by": "seq", "schema": ORDERS_SCHEMA}
+NOT_JSON = "not valid JSON (NaN, Infinity, single quotes, comments and leading zeros are not JSON)"
 
 
 def order(
@@ -164,13 +167,13 @@ def test_native_contract_violations_are_rejected_with_a_reason(spark: SparkSessi
     wrong_type = "envelope has a field of the wrong type (op and table are strings, seq and ts_ms integers)"
     mismatch = "the record key does not match the key columns in data"
     assert errors(changes_df) == [
-        (1, "value is not a JSON object"),
+        (1, f"value is not a JSON object: {NOT_JSON}"),
         (2, "value is not a JSON object"),
         (3, "unknown op 'merge' (expected upsert or delete)"),
         (4, "missing op"),
         (5, "missing key: the Kafka record key is null"),
         (6, "missing key: the Kafka record key is null"),
-        (7, "key is not a JSON object of the key columns (order_id)"),
+        (7, f"key is not a JSON object of the key columns (order_id): {NOT_JSON}"),
         (8, "key lacks a key column (order_id)"),
         (9, "key has a column of the wrong type (expected order_id bigint)"),
         (10, "data does not match the table schema: amount (double)"),
@@ -182,7 +185,7 @@ def test_native_contract_violations_are_rejected_with_a_reason(spark: SparkSessi
         (17, wrong_type),
         (18, "data is not a JSON object of the table's columns"),
         (19, mismatch),
-        (20, "value is not a JSON object"),
+        (20, "value is empty (zero bytes)"),
         (21, "value is not a JSON object"),
     ]
     assert offsets(decode.valid(changes_df)) == [0, 16]
@@ -411,7 +414,7 @@ def test_debezium_envelopes_with_and_without_the_schema_wrapper(spark: SparkSess
         (9, "Debezium change without 'after'"),
         (10, "missing op in the Debezium payload"),
         (11, "missing key: the Kafka record key is null"),
-        (12, "value is not a JSON object"),
+        (12, f"value is not a JSON object: {NOT_JSON}"),
         (13, "data does not match the table schema: price (double)"),
         (14, "the record key does not match the key columns in data"),
     ]
@@ -485,3 +488,162 @@ def test_envelope_columns(spark: SparkSession, fmt: str) -> None:
     # A native topic that carries one table also brings its rows typed by the envelope's parse.
     typed = [decode.typed_data_column("orders")] if fmt == "native" else []
     assert env_df.columns == [*decode.ENVELOPE_COLUMNS, *typed]
+
+
+# ---------------------------------------------------------------------------------------------- strictness
+def upsert_bytes(data: str) -> bytes:
+    return f'{{"op": "upsert", "seq": 2, "data": {data}}}'.encode()
+
+
+def test_only_strict_json_in_utf8_decodes(spark: SparkSession) -> None:
+    """Every record that Spark's lenient JSON reading would have taken as data (found in the field) is rejected."""
+    cfg = replica({"orders": ORDERS})
+    key = {"order_id": 1}
+    ok = bytes(js({"op": "upsert", "seq": 2, "data": order(1, "ada", 1.0, "new", 1)}))
+    deep = b'{"op": "upsert", "seq": 2, "data": {"order_id": 1, "status": ' + b"[" * 1200 + b"]" * 1200 + b"}}"
+    rows = [
+        record(key, ok, 0),
+        record(key, ok.replace(b"ada", b"\xffda"), 1),
+        record(b'{"order_id": 1, "\xff": 2}', ok, 2),
+        record(key, ok + b" x", 3),
+        record(key, ok + ok, 4),
+        record(key, ok + b"]", 5),  # would close the decoder's own wrapper
+        record(key, ok + b', {"op": "delete"}', 6),
+        record(key, b'{"op": "upsert", "op": "delete", "seq": 2}', 7),
+        record(key, upsert_bytes('{"order_id": 1, "status": "a", "status": "b"}'), 8),
+        record(b'{"order_id": 1, "order_id": 2}', ok, 9),
+        record(key, b"{'op': 'upsert', 'seq': 2, 'data': {'order_id': 1}}", 10),
+        record(key, upsert_bytes('{"order_id": 1, "amount": NaN}'), 11),
+        record(key, upsert_bytes('{"order_id": 1, "amount": -Infinity}'), 12),
+        record(key, upsert_bytes('{"order_id": 1, "amount": 01}'), 13),
+        record(key, upsert_bytes('{"order_id": 1, /* note */ "amount": 1}'), 14),
+        record(key, deep, 15),
+        record(b'{"order_id": 1} x', ok, 16),
+        record(b'{"order_id": 1}{"order_id": 2}', ok, 17),
+        record(b"", ok, 18),
+        record(key, b"   ", 19),
+        record(key, b"\x8f\x00\xfe binary", 20),
+        record(key, b'  {"op": "upsert", "seq": 2, "data": {"order_id": 1, "status": "a]b"}}\n', 21),
+    ]
+    changes_df = decode_table(spark, cfg, rows, "orders")
+    after = "value has content after its JSON object"
+    assert errors(changes_df) == [
+        (1, "value is not valid UTF-8"),
+        (2, "key is not valid UTF-8"),
+        (3, after),
+        (4, after),
+        (5, after),
+        (6, after),
+        (7, "value has a duplicate field name"),
+        (8, "value has a duplicate field name"),
+        (9, "key has a duplicate field name"),
+        (10, f"value is not a JSON object: {NOT_JSON}"),
+        (11, f"value is not a JSON object: {NOT_JSON}"),
+        (12, f"value is not a JSON object: {NOT_JSON}"),
+        (13, f"value is not a JSON object: {NOT_JSON}"),
+        (14, f"value is not a JSON object: {NOT_JSON}"),
+        (15, "value nests deeper than 1000 levels"),
+        (16, "key has content after its JSON object"),
+        (17, "key has content after its JSON object"),
+        (18, "key is empty (zero bytes)"),
+        (19, f"value is not a JSON object: {NOT_JSON}"),
+        (20, "value is not valid UTF-8"),
+    ]
+    assert offsets(decode.valid(changes_df)) == [0, 21]
+    assert changes_df.count() == len(rows)
+    kept = changes_df.where(F.col("_offset").isin(1, 5)).orderBy("_offset").collect()
+    assert [bytes(r["_value"]) for r in kept] == [ok.replace(b"ada", b"\xffda"), ok + b"]"]
+
+
+def test_types_are_as_declared_without_coercion(spark: SparkSession) -> None:
+    cfg = replica(
+        {"orders": ORDERS, "accounts": {"topic": "accounts", "keys": ["name"], "schema": "name STRING, n BIGINT"}}
+    )
+    key = {"order_id": 1}
+
+    def up(**data: Any) -> dict[str, Any]:
+        return {"op": "upsert", "seq": 2, "data": {"order_id": 1, **data}}
+
+    rows = [
+        record(key, up(customer=5), 0),
+        record(key, up(status=True), 1),
+        record(key, up(customer={"first": "ada"}, status=["new"]), 2),
+        record(key, up(customer="5", status="true"), 3),  # strings that look like other JSON values stay strings
+        record(key, up(updated_ms=1.5), 4),
+        record(key, up(updated_ms=1.0), 5),
+        record(key, bytes(upsert_bytes('{"order_id": 1, "updated_ms": 99999999999999999999}')), 6),
+        record(key, up(updated_ms="5"), 7),
+        record(key, up(amount="NaN"), 8),
+        record(key, bytes(upsert_bytes('{"order_id": 1, "amount": 1e400}')), 9),
+        record(key, up(amount=2), 10),  # an integer is a double
+        record({"order_id": 1, "region": "eu"}, up(), 11),
+        record(key, {"op": 5, "seq": 2, "data": {"order_id": 1}}, 12),
+        record(key, {"op": "upsert", "table": True, "seq": 2, "data": {"order_id": 1}}, 13),
+        record(key, {}, 14),
+        record(key, {"op": "upsert", "seq": 2, "data": {}}, 15),
+        record(key, up(note="not in the schema"), 16),  # unknown fields in data are ignored
+        record(key, {"op": "delete", "seq": 3, "origin": "billing"}, 17),  # so are unknown envelope fields
+        record({"name": 5}, {"op": "upsert", "data": {"name": 5, "n": 1}}, 0, topic="accounts"),
+        record({"name": "5"}, {"op": "upsert", "data": {"name": "5", "n": 1}}, 1, topic="accounts"),
+    ]
+    orders_df = decode_table(spark, cfg, rows, "orders", unrouted=True)  # a record of no table is rejected too
+    accounts_df = decode_table(spark, cfg, rows, "accounts")
+    schema_error = "data does not match the table schema: "
+    wrong_type = "envelope has a field of the wrong type (op and table are strings, seq and ts_ms integers)"
+    assert errors(orders_df) == [
+        (0, schema_error + "customer (string)"),
+        (1, schema_error + "status (string)"),
+        (2, schema_error + "customer (string), status (string)"),
+        (4, schema_error + "updated_ms (bigint)"),
+        (5, schema_error + "updated_ms (bigint)"),
+        (6, schema_error + "updated_ms (bigint)"),
+        (7, schema_error + "updated_ms (bigint)"),
+        (8, schema_error + "amount (double)"),
+        (9, schema_error + "amount (double)"),
+        (11, "key has a field that is not a key column: region (the key columns: order_id)"),
+        (12, wrong_type),
+        (13, wrong_type),
+        (14, "missing op"),
+        (15, "the record key does not match the key columns in data"),
+    ]
+    assert errors(accounts_df) == [(0, "key has a column of the wrong type (expected name string)")]
+    assert_df_equality(
+        typed(orders_df, "order_id", "customer", "amount", "status"),
+        spark.createDataFrame(
+            [
+                (1, "5", None, "true", "upsert", 2, False, "orders", 0, 3, None),
+                (1, None, 2.0, None, "upsert", 2, False, "orders", 0, 10, None),
+                (1, None, None, None, "upsert", 2, False, "orders", 0, 16, None),
+                (1, None, None, None, "delete", 3, False, "orders", 0, 17, None),
+            ],
+            f"order_id BIGINT, customer STRING, amount DOUBLE, status STRING, {META_DDL}",
+        ),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+
+
+def test_debezium_records_are_as_strict(spark: SparkSession) -> None:
+    cfg = replica({"products": PRODUCTS})
+    pen = {"id": 1, "name": "pen", "price": 1.0}
+    ok = bytes(js(dbz("c", None, pen)))
+    rows = [
+        record({"id": 1}, ok, 0, topic="dbz"),
+        record({"id": 1}, ok + b" x", 1, topic="dbz"),
+        record({"id": 1}, ok.replace(b'"op": "c"', b'"op": "c", "op": "d"'), 2, topic="dbz"),
+        record({"id": 1}, ok.replace(b"pen", b"p\xffn"), 3, topic="dbz"),
+        record({"id": 1}, ok.replace(b"1.0", b"NaN"), 4, topic="dbz"),
+        record({"id": 1}, dbz("c", None, {**pen, "name": 7}), 5, topic="dbz"),
+        record({"id": 1, "db": "shop"}, ok, 6, topic="dbz"),
+        record(wrapped({"id": 1}), bytes(js(wrapped(dbz("c", None, pen)))) + b"}", 7, topic="dbz"),
+    ]
+    changes_df = decode_table(spark, cfg, rows, "products")
+    assert errors(changes_df) == [
+        (1, "value has content after its JSON object"),
+        (2, "value has a duplicate field name"),
+        (3, "value is not valid UTF-8"),
+        (4, f"value is not a JSON object: {NOT_JSON}"),
+        (5, "data does not match the table schema: name (string)"),
+        (6, "key has a field that is not a key column: db (the key columns: id)"),
+        (7, "value has content after its JSON object"),
+    ]
