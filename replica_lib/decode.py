@@ -78,24 +78,29 @@ def _raw(raw_df: DataFrame) -> DataFrame:
     )
 
 
+#: What :func:`_strict` appends to a text: the parser must read it as the array's last element.
+_SENTINEL = 7
+
+
 def _strict(text: Column) -> Column:
-    """``[text]`` parsed strictly (a variant): null if it is not JSON, nests too deep or repeats a field name at any
-    depth. Its element 0 is the text's JSON value; an element 1 means a second value followed."""
-    return F.try_parse_json(F.concat(F.lit("["), text, F.lit("]")))
+    """``[text,7]`` parsed strictly (a variant): null if it is not JSON, nests too deep or repeats a field name at
+    any depth. Its element 0 is the text's JSON value; the sentinel 7 must be element 1 and the last."""
+    return F.try_parse_json(F.concat(F.lit("["), text, F.lit(f",{_SENTINEL}]")))
 
 
 def _single(text: Column, strict: Column) -> Column:
     """Whether ``text`` is exactly one strict JSON value (whitespace around it allowed).
 
-    The parser ignores what follows the value it read, so the text is wrapped: ``[text]`` must hold exactly one
-    element. A text can only escape that wrapper with a ``]`` of its own; such texts are parsed once more inside
-    ``{"k": text}``, which no text can close both ways.
+    The parser ignores what follows the value it read, so the text is parsed inside ``[text,7]``: a text of one value
+    leaves the 7 second and last (a second value pushes it back, garbage breaks the array). A text can only end that
+    array early with a ``]`` of its own; such texts are parsed once more inside ``{"k": text}``, which no text can
+    close both ways.
     """
-    one = (
-        F.try_variant_get(strict, "$[0]", "variant").isNotNull() & F.try_variant_get(strict, "$[1]", "variant").isNull()
-    )
+    sentinel_second = F.try_variant_get(strict, "$[1]", "int") == _SENTINEL  # so the text gave one element
+    last = F.try_variant_get(strict, "$[2]", "variant").isNull()  # copies a value only where there is one
     closed = F.try_parse_json(F.concat(F.lit('{"k":'), text, F.lit("}"))).isNotNull()
-    return one & F.when(F.instr(text, "]") > 0, closed).otherwise(F.lit(True))
+    one = sentinel_second & last & F.when(F.instr(text, "]") > 0, closed).otherwise(F.lit(True))
+    return F.coalesce(one, F.lit(False))  # null where the text did not parse
 
 
 def _is_object(strict: Column) -> Column:
@@ -358,7 +363,8 @@ def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False
         (env_df if alone else env_df.where(mine | F.col("_table").isNull() if unrouted else mine))
         .withColumn("_k", F.from_json(F.col("_key_json"), _with_corrupt(schema.key_schema), _PERMISSIVE))
         .withColumn("_d", _data(env_df, schema))
-        .withColumn("_key_single", _single(key_text, _strict(key_text)))
+        .withColumn("_key_plain", _plain_key(key_text, F.col("_k"), keys))
+        .withColumn("_key_single", F.col("_key_plain") | _single(key_text, _strict(key_text)))
     )
     key_struct, data_struct = F.col("_k"), F.col("_d")
     is_upsert = F.col("_op") == "upsert"
@@ -412,7 +418,7 @@ def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False
         ),
         (key_missing, f"key lacks a key column ({', '.join(keys)})"),
         (
-            F.size(key_extra) > 0,
+            ~F.col("_key_plain") & (F.size(key_extra) > 0),
             F.concat(
                 F.lit("key has a field that is not a key column: "),
                 F.array_join(key_extra, ", "),
@@ -468,6 +474,31 @@ def _data(env_df: DataFrame, schema: TableSchema) -> Column:
     typed = F.col(f"`{name}`")
     fields = [typed[f.name].alias(f.name) for f in schema.data.fields]
     return F.when(typed.isNotNull(), F.struct(*fields, F.lit(None).cast("string").alias("_corrupt"))).otherwise(parsed)
+
+
+def _count(text: Column, char: str) -> Column:
+    return F.length(text) - F.length(F.replace(text, F.lit(char), F.lit("")))
+
+
+def _plain_key(key_text: Column, key_struct: Column, columns: Sequence[str]) -> Column:
+    """Whether a key is, without a second parse, exactly one strict JSON object of just the key columns.
+
+    Its typed parse took it (strict syntax, every key column present), and its text has one ``{``, one ``}`` as its
+    last non-blank character and one ``:`` per key column: so it has no other field, no field twice, nothing nested
+    and nothing after the object. Any other key (a string value with a colon or a brace, too) takes the full checks.
+    """
+    present = reduce(lambda a, b: a & b, [key_struct[c].isNotNull() for c in columns])
+    after = F.substring_index(key_text, "}", -1)  # what follows the one "}"
+    plain = (
+        F.is_valid_utf8(key_text)
+        & key_struct["_corrupt"].isNull()
+        & present
+        & (_count(key_text, ":") == len(columns))
+        & (_count(key_text, "{") == 1)
+        & (_count(key_text, "}") == 1)
+        & (F.length(F.translate(after, " \t\n\r", "")) == 0)
+    )
+    return F.coalesce(plain, F.lit(False))
 
 
 def _is_floating(data_type: T.DataType) -> bool:
