@@ -850,6 +850,13 @@ def _check_schema(r: _Reader, table: TableConfig) -> None:
                 f"{where}.schema", f"column {column.name} is declared twice (names ignore case)", "rename or drop one"
             )
         seen[column.name.lower()] = column.name
+    _check_column_lists(r, table, types)
+    _check_sequence(r, table, types)
+
+
+def _check_column_lists(r: _Reader, table: TableConfig, types: dict[str, object]) -> None:
+    """Keys and column lists name columns of the schema, once each; keys have types that key a row exactly."""
+    where = f"tables.{table.name}"
     names = ", ".join(types)
     for label, listed in (
         ("keys", table.keys),
@@ -873,6 +880,12 @@ def _check_schema(r: _Reader, table: TableConfig) -> None:
                 f"key column {key} has type {_type_text(key_type)}, which cannot key a row exactly",
                 "key by integer, decimal, string, date, timestamp or boolean columns",
             )
+
+
+def _check_sequence(r: _Reader, table: TableConfig, types: dict[str, object]) -> None:
+    """``sequence_by`` names a whole-number column, the envelope's seq or (Debezium) a payload field."""
+    where = f"tables.{table.name}"
+    names = ", ".join(types)
     seq = table.sequence_by
     if seq is None:
         return

@@ -60,7 +60,6 @@ ENVELOPE_COLUMNS = (
     "_data_json",
     "_error",
 )
-CHANGE_COLUMNS = ("_op", "_seq", "_tombstone", "_topic", "_partition", "_offset", "_event_ts")
 
 
 def _no_error() -> Column:
@@ -192,62 +191,19 @@ def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig], data: T.S
     """
     text = F.col("_value").cast("string")
     parsed_df = _raw(raw_df).withColumn("_strict", _strict(text))
-    strict = F.col("_strict")
-    parsed_df = parsed_df.withColumn("_single", F.is_valid_utf8(text) & _single(text, strict))
-    single = F.col("_single")
-    if data is not None:
-        parsed_df = parsed_df.withColumn("_typed", F.from_json(text, _typed_envelope(data), _PERMISSIVE))
-        typed = F.col("_typed")
-        # A clean record is also exactly one strict JSON text in UTF-8 with no value coerced into a STRING column.
-        coerced = [
-            _looks_coerced(typed["data"][f.name]) & _not_string(strict, _field_path("data", f.name))
-            for f in data.fields
-            if isinstance(f.dataType, T.StringType)
-        ]
-        clean: Column = reduce(
-            lambda a, b: a & ~b,
-            coerced,
-            typed.isNotNull() & typed["_corrupt"].isNull() & typed["op"].isNotNull() & single,
-        )
-        fields = [typed[f].alias(f) for f in ("op", "seq", "ts_ms", "table")]
-        untyped = F.from_json(text, NATIVE_ENVELOPE, _PERMISSIVE)  # evaluated only where ``clean`` is false
-        # `data` is only tested for presence on a clean record (its typed form is in the typed column).
-        present = F.when(typed["data"].isNotNull(), F.lit("")).cast("string").alias("data")
-        none = F.lit(None).cast("string").alias("_corrupt")
-        parsed_df = parsed_df.withColumn("_env", F.when(clean, F.struct(*fields, present, none)).otherwise(untyped))
-    else:
-        clean = F.lit(False)
-        parsed_df = parsed_df.withColumn("_env", F.from_json(text, NATIVE_ENVELOPE, _PERMISSIVE))
+    parsed_df = parsed_df.withColumn("_single", F.is_valid_utf8(text) & _single(text, F.col("_strict")))
+    parsed_df, clean = _native_parse(parsed_df, data)
     env = F.col("_env")
     is_tombstone = F.col("_value").isNull()
-    op = env["op"]
     table, route_error = _route(tables, env["table"])
-    wrong_type = "envelope has a field of the wrong type (op and table are strings, seq and ts_ms integers)"
-    error = _first_error(
-        (F.col("_key").isNull(), "missing key: the Kafka record key is null"),
-        (is_tombstone, _no_error()),
-        *_text_checks(F.col("_value"), single, "value", "value is not a JSON object"),
-        (_suspect(env, "op") & ~_is_object(strict), "value is not a JSON object"),
-        (env["_corrupt"].isNotNull(), wrong_type),
-        (op.isNull(), "missing op"),
-        (~op.isin("upsert", "delete") & _not_string(strict, _field_path("op")), wrong_type),
-        (
-            ~op.isin("upsert", "delete"),
-            F.concat(F.lit("unknown op '"), op, F.lit("' (expected upsert or delete)")),
-        ),
-        (route_error.isNotNull() & _not_string(strict, _field_path("table")), wrong_type),
-        (route_error.isNotNull(), route_error),
-        ((op == "upsert") & env["data"].isNull(), "upsert without data"),
-    )
     typed_columns = (
         [] if data is None else [F.when(clean, F.col("_typed")["data"]).alias(typed_data_column(tables[0].name))]
     )
+    one_table = F.lit(tables[0].name) if len(tables) == 1 else F.lit(None).cast("string")
     return parsed_df.select(
         *_raw_columns(),
-        F.when(is_tombstone, F.lit(tables[0].name) if len(tables) == 1 else F.lit(None).cast("string"))
-        .otherwise(table)
-        .alias("_table"),
-        F.when(is_tombstone, F.lit("delete")).otherwise(op).alias("_op"),
+        F.when(is_tombstone, one_table).otherwise(table).alias("_table"),
+        F.when(is_tombstone, F.lit("delete")).otherwise(env["op"]).alias("_op"),
         F.when(is_tombstone, F.lit(None).cast("long")).otherwise(env["seq"]).alias("_seq"),
         F.timestamp_millis(env["ts_ms"]).alias("_event_ts"),
         is_tombstone.alias("_tombstone"),
@@ -260,9 +216,59 @@ def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig], data: T.S
                 "send op=delete with a table field instead"
             ),
         )
-        .otherwise(error)
+        .otherwise(_native_error(route_error))
         .alias("_error"),
         *typed_columns,
+    )
+
+
+def _native_parse(parsed_df: DataFrame, data: T.StructType | None) -> tuple[DataFrame, Column]:
+    """``parsed_df`` with the envelope in ``_env`` (and, given ``data``, the typed parse in ``_typed``), and the
+    condition under which a record was taken cleanly by the typed parse (always false without ``data``)."""
+    text = F.col("_value").cast("string")
+    if data is None:
+        return parsed_df.withColumn("_env", F.from_json(text, NATIVE_ENVELOPE, _PERMISSIVE)), F.lit(False)
+    parsed_df = parsed_df.withColumn("_typed", F.from_json(text, _typed_envelope(data), _PERMISSIVE))
+    typed = F.col("_typed")
+    # A clean record is also exactly one strict JSON text in UTF-8 with no value coerced into a STRING column.
+    coerced = [
+        _looks_coerced(typed["data"][f.name]) & _not_string(F.col("_strict"), _field_path("data", f.name))
+        for f in data.fields
+        if isinstance(f.dataType, T.StringType)
+    ]
+    clean: Column = reduce(
+        lambda a, b: a & ~b,
+        coerced,
+        typed.isNotNull() & typed["_corrupt"].isNull() & typed["op"].isNotNull() & F.col("_single"),
+    )
+    fields = [typed[f].alias(f) for f in ("op", "seq", "ts_ms", "table")]
+    untyped = F.from_json(text, NATIVE_ENVELOPE, _PERMISSIVE)  # evaluated only where ``clean`` is false
+    # `data` is only tested for presence on a clean record (its typed form is in the typed column).
+    present = F.when(typed["data"].isNotNull(), F.lit("")).cast("string").alias("data")
+    none = F.lit(None).cast("string").alias("_corrupt")
+    return parsed_df.withColumn("_env", F.when(clean, F.struct(*fields, present, none)).otherwise(untyped)), clean
+
+
+def _native_error(route_error: Column) -> Column:
+    """Why a native record is not a change of one of its topic's tables (null if it is one)."""
+    env, strict = F.col("_env"), F.col("_strict")
+    op = env["op"]
+    wrong_type = "envelope has a field of the wrong type (op and table are strings, seq and ts_ms integers)"
+    return _first_error(
+        (F.col("_key").isNull(), "missing key: the Kafka record key is null"),
+        (F.col("_value").isNull(), _no_error()),
+        *_text_checks(F.col("_value"), F.col("_single"), "value", "value is not a JSON object"),
+        (_suspect(env, "op") & ~_is_object(strict), "value is not a JSON object"),
+        (env["_corrupt"].isNotNull(), wrong_type),
+        (op.isNull(), "missing op"),
+        (~op.isin("upsert", "delete") & _not_string(strict, _field_path("op")), wrong_type),
+        (
+            ~op.isin("upsert", "delete"),
+            F.concat(F.lit("unknown op '"), op, F.lit("' (expected upsert or delete)")),
+        ),
+        (route_error.isNotNull() & _not_string(strict, _field_path("table")), wrong_type),
+        (route_error.isNotNull(), route_error),
+        ((op == "upsert") & env["data"].isNull(), "upsert without data"),
     )
 
 
@@ -356,18 +362,49 @@ def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False
     (Spark would push it below the envelope's parse and parse every record again to evaluate it).
     """
     table = schema.table
-    keys = list(table.keys)
-    key_text = F.col("_key").cast("string")
     mine = F.col("_table") == table.name
-    staged_df = (
-        (env_df if alone else env_df.where(mine | F.col("_table").isNull() if unrouted else mine))
-        .withColumn("_k", F.from_json(F.col("_key_json"), _with_corrupt(schema.key_schema), _PERMISSIVE))
-        .withColumn("_d", _data(env_df, schema))
-        .withColumn("_key_plain", _plain_key(key_text, F.col("_k"), keys))
-        .withColumn("_key_single", F.col("_key_plain") | _single(key_text, _strict(key_text)))
+    staged_df = _typed_key_and_data(
+        env_df if alone else env_df.where(mine | F.col("_table").isNull() if unrouted else mine), env_df, schema
     )
-    key_struct, data_struct = F.col("_k"), F.col("_d")
+    seq = _sequence(schema)
+    error = _first_error(
+        (F.col("_error").isNotNull(), F.col("_error")),
+        *_key_checks(schema),
+        *_data_checks(schema),
+        (
+            F.lit(table.sequence_by is not None) & ~F.col("_tombstone") & seq.isNull(),
+            f"missing sequence: table {table.name} is ordered by {table.sequence_by}",
+        ),
+    )
     is_upsert = F.col("_op") == "upsert"
+    row_columns = [
+        (F.col("_k")[f.name] if f.name in table.keys else F.when(is_upsert, F.col("_d")[f.name]))
+        .cast(f.dataType)
+        .alias(f.name)
+        for f in schema.kept.fields
+    ]
+    changes_df = staged_df.select(
+        *row_columns,
+        F.col("_op"),
+        seq.alias("_seq"),
+        *[F.col(c) for c in ("_tombstone", "_topic", "_partition", "_offset", "_event_ts", "_kafka_ts")],
+        *[F.col(c) for c in ("_key", "_value", "_table")],
+        error.alias("_error"),
+    )
+    # The raw record is kept only where it is quarantined: a valid change's bytes would only weigh on the batch's
+    # local checkpoint and on the ordering's shuffle. (A projection of its own: ``_error`` is computed once.)
+    rejected_only = F.col("_error").isNotNull()
+    return changes_df.withColumns(
+        {"_key": F.when(rejected_only, F.col("_key")), "_value": F.when(rejected_only, F.col("_value"))}
+    )
+
+
+def _typed_key_and_data(mine_df: DataFrame, env_df: DataFrame, schema: TableSchema) -> DataFrame:
+    """``mine_df`` with the key typed (``_k``), the row typed (``_d``), whether the key is plain or one JSON value
+    (``_key_plain``, ``_key_single``) and the names of the row's mistyped columns (``_bad``), each computed once."""
+    keys = list(schema.table.keys)
+    key_text = F.col("_key").cast("string")
+    data_struct = F.col("_d")
     data_strict = F.try_parse_json(F.col("_data_json"))
     bad_columns = F.concat_ws(
         ", ",
@@ -384,7 +421,19 @@ def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False
         + [_infinite(data_struct[f.name]) for f in schema.data.fields if _is_floating(f.dataType)],
         data_struct["_corrupt"].isNotNull(),
     )
-    staged_df = staged_df.withColumn("_bad", F.when(is_upsert & suspect, bad_columns))
+    return (
+        mine_df.withColumn("_k", F.from_json(F.col("_key_json"), _with_corrupt(schema.key_schema), _PERMISSIVE))
+        .withColumn("_d", _data(env_df, schema))
+        .withColumn("_key_plain", _plain_key(key_text, F.col("_k"), keys))
+        .withColumn("_key_single", F.col("_key_plain") | _single(key_text, _strict(key_text)))
+        .withColumn("_bad", F.when((F.col("_op") == "upsert") & suspect, bad_columns))
+    )
+
+
+def _key_checks(schema: TableSchema) -> list[tuple[Column, Column | str]]:
+    """Why a change's key is not exactly one JSON object of the key columns, typed as declared (first reason first)."""
+    keys = list(schema.table.keys)
+    key_struct = F.col("_k")
     key_missing = reduce(lambda a, b: a | b, [key_struct[k].isNull() for k in keys])
     key_strict = F.try_parse_json(F.col("_key_json"))
     key_mistyped = reduce(
@@ -398,24 +447,12 @@ def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False
     )
     key_names = F.json_object_keys(F.col("_key_json"))
     key_extra = F.array_except(key_names, F.array(*[F.lit(k) for k in keys]))
-    key_differs = reduce(lambda a, b: a | b, [~key_struct[k].eqNullSafe(data_struct[k]) for k in keys])
-    sequenced = table.sequence_by is not None
-    if table.sequence_by and table.sequence_by in schema.data.fieldNames():
-        row_seq = data_struct[table.sequence_by].cast("long")
-        # A Debezium delete's row image is its `before`; a native delete carries no row, its envelope seq orders it.
-        seq = row_seq if table.format == "debezium" else F.when(is_upsert, row_seq).otherwise(F.col("_seq"))
-    else:
-        seq = F.col("_seq")
     not_key_object = f"key is not a JSON object of the key columns ({', '.join(keys)})"
-    error = _first_error(
-        (F.col("_error").isNotNull(), F.col("_error")),
+    expected = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in schema.key_schema.fields)
+    return [
         *_text_checks(F.col("_key"), F.col("_key_single"), "key", not_key_object),
         ((key_struct.isNull() | key_struct["_corrupt"].isNotNull() | key_missing) & key_names.isNull(), not_key_object),
-        (
-            key_mistyped,
-            f"key has a column of the wrong type (expected "
-            f"{', '.join(f'{f.name} {f.dataType.simpleString()}' for f in schema.key_schema.fields)})",
-        ),
+        (key_mistyped, f"key has a column of the wrong type (expected {expected})"),
         (key_missing, f"key lacks a key column ({', '.join(keys)})"),
         (
             ~F.col("_key_plain") & (F.size(key_extra) > 0),
@@ -425,44 +462,33 @@ def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False
                 F.lit(f" (the key columns: {', '.join(keys)})"),
             ),
         ),
-        (
-            F.col("_bad") != "",
-            F.concat(F.lit("data does not match the table schema: "), F.col("_bad")),
-        ),
+    ]
+
+
+def _data_checks(schema: TableSchema) -> list[tuple[Column, Column | str]]:
+    """Why an upsert's row does not match the table's schema or its key (first reason first)."""
+    key_struct, data_struct = F.col("_k"), F.col("_d")
+    is_upsert = F.col("_op") == "upsert"
+    key_differs = reduce(lambda a, b: a | b, [~key_struct[k].eqNullSafe(data_struct[k]) for k in schema.table.keys])
+    return [
+        (F.col("_bad") != "", F.concat(F.lit("data does not match the table schema: "), F.col("_bad"))),
         (is_upsert & data_struct["_corrupt"].isNotNull(), "data is not a JSON object of the table's columns"),
         (is_upsert & key_differs, "the record key does not match the key columns in data"),
-        (
-            F.lit(sequenced) & ~F.col("_tombstone") & seq.isNull(),
-            f"missing sequence: table {table.name} is ordered by {table.sequence_by}",
-        ),
-    )
-    row_columns = [
-        (key_struct[f.name] if f.name in keys else F.when(is_upsert, data_struct[f.name]))
-        .cast(f.dataType)
-        .alias(f.name)
-        for f in schema.kept.fields
     ]
-    changes_df = staged_df.select(
-        *row_columns,
-        F.col("_op"),
-        seq.alias("_seq"),
-        F.col("_tombstone"),
-        F.col("_topic"),
-        F.col("_partition"),
-        F.col("_offset"),
-        F.col("_event_ts"),
-        F.col("_kafka_ts"),
-        F.col("_key"),
-        F.col("_value"),
-        F.col("_table"),
-        error.alias("_error"),
-    )
-    # The raw record is kept only where it is quarantined: a valid change's bytes would only weigh on the batch's
-    # local checkpoint and on the ordering's shuffle. (A projection of its own: ``_error`` is computed once.)
-    rejected_only = F.col("_error").isNotNull()
-    return changes_df.withColumns(
-        {"_key": F.when(rejected_only, F.col("_key")), "_value": F.when(rejected_only, F.col("_value"))}
-    )
+
+
+def _sequence(schema: TableSchema) -> Column:
+    """A change's place in its key's order: the row's ``sequence_by`` column if the row has it, else the envelope's."""
+    table = schema.table
+    if table.sequence_by and table.sequence_by in schema.data.fieldNames():
+        row_seq = F.col("_d")[table.sequence_by].cast("long")
+        # A Debezium delete's row image is its `before`; a native delete carries no row, its envelope seq orders it.
+        return (
+            row_seq
+            if table.format == "debezium"
+            else F.when(F.col("_op") == "upsert", row_seq).otherwise(F.col("_seq"))
+        )
+    return F.col("_seq")
 
 
 def _data(env_df: DataFrame, schema: TableSchema) -> Column:

@@ -94,12 +94,18 @@ def assess(
     local: bool,
 ) -> tuple[Finding, ...]:
     """Judge a topic's settings for use as a replication log (pure: no broker needed)."""
-    findings: list[Finding] = []
-    policy = set(configs.get("cleanup.policy", "delete").replace(" ", "").split(","))
-    min_isr = int(configs.get("min.insync.replicas", "1"))
-    retention_ms = int(configs.get("retention.ms", str(7 * DAY_MS)))
-    delete_retention_ms = int(configs.get("delete.retention.ms", str(DAY_MS)))
+    return (
+        *_durability(replication_factor, configs, local),
+        *_retention(configs),
+        *_leader_election(configs),
+        *([] if expected is None else _mismatches(partitions, replication_factor, configs, expected)),
+    )
 
+
+def _durability(replication_factor: int, configs: Mapping[str, str], local: bool) -> list[Finding]:
+    """Whether an acknowledged change survives the loss of a broker."""
+    findings: list[Finding] = []
+    min_isr = int(configs.get("min.insync.replicas", "1"))
     if replication_factor < 3:
         if local:
             findings.append(
@@ -120,6 +126,28 @@ def assess(
                 "unsafe", "min.insync.replicas", f"{min_isr}: acks=all is then satisfied by a single copy; set it to 2"
             )
         )
+    return findings
+
+
+def _leader_election(configs: Mapping[str, str]) -> list[Finding]:
+    """Whether an out-of-sync copy may become leader (and drop acknowledged changes)."""
+    if configs.get("unclean.leader.election.enable", "false") != "true":
+        return []
+    return [
+        Finding(
+            "unsafe",
+            "unclean.leader.election.enable",
+            "true: an out-of-sync replica can become leader and drop acknowledged changes; set it to false",
+        )
+    ]
+
+
+def _retention(configs: Mapping[str, str]) -> list[Finding]:
+    """Whether the log keeps every key's latest change (and its tombstones long enough) for a rebuild by replay."""
+    findings: list[Finding] = []
+    policy = set(configs.get("cleanup.policy", "delete").replace(" ", "").split(","))
+    retention_ms = int(configs.get("retention.ms", str(7 * DAY_MS)))
+    delete_retention_ms = int(configs.get("delete.retention.ms", str(DAY_MS)))
     if "compact" not in policy:
         if retention_ms >= 0:
             days = retention_ms / DAY_MS
@@ -150,35 +178,32 @@ def assess(
                 "that is down longer misses deletes; set it above your longest outage",
             )
         )
-    if configs.get("unclean.leader.election.enable", "false") == "true":
+    return findings
+
+
+def _mismatches(
+    partitions: int, replication_factor: int, configs: Mapping[str, str], expected: TopicSpec
+) -> list[Finding]:
+    """Where the topic differs from what the project would have created."""
+    findings: list[Finding] = []
+    if partitions != expected.partitions:
         findings.append(
             Finding(
-                "unsafe",
-                "unclean.leader.election.enable",
-                "true: an out-of-sync replica can become leader and drop acknowledged changes; set it to false",
+                "mismatch",
+                "partitions",
+                f"{partitions}, expected {expected.partitions}: partition count decides which "
+                "partition a key lives in; changing it re-keys the log",
             )
         )
-    if expected is not None:
-        if partitions != expected.partitions:
-            findings.append(
-                Finding(
-                    "mismatch",
-                    "partitions",
-                    f"{partitions}, expected {expected.partitions}: partition count decides which "
-                    "partition a key lives in; changing it re-keys the log",
-                )
-            )
-        if replication_factor != expected.replication_factor:
-            findings.append(
-                Finding(
-                    "mismatch", "replication.factor", f"{replication_factor}, expected {expected.replication_factor}"
-                )
-            )
-        for key, want in expected.configs().items():
-            have = configs.get(key)
-            if have is not None and have != want:
-                findings.append(Finding("mismatch", key, f"{have}, expected {want}"))
-    return tuple(findings)
+    if replication_factor != expected.replication_factor:
+        findings.append(
+            Finding("mismatch", "replication.factor", f"{replication_factor}, expected {expected.replication_factor}")
+        )
+    for key, want in expected.configs().items():
+        have = configs.get(key)
+        if have is not None and have != want:
+            findings.append(Finding("mismatch", key, f"{have}, expected {want}"))
+    return findings
 
 
 class TopicAdmin:
