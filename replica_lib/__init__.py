@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from replica_lib.errors import ReplicaError
     from replica_lib.maintenance import maintain
     from replica_lib.producer import Change, ChangeProducer, Delivery, Position, ProducerSettings
+    from replica_lib.reads import Snapshot, freshest, wait_for
     from replica_lib.session import build_session
+    from replica_lib.status import replica_status
     from replica_lib.stream import run_replica, start_replica
     from replica_lib.topics import TopicAdmin, TopicSpec
 
@@ -41,6 +43,10 @@ _WHERE = {
     "Delivery": "producer",
     "Position": "producer",
     "ProducerSettings": "producer",
+    "Snapshot": "reads",
+    "freshest": "reads",
+    "wait_for": "reads",
+    "replica_status": "status",
     "build_session": "session",
     "run_replica": "stream",
     "start_replica": "stream",
@@ -59,14 +65,18 @@ __all__ = [
     "ProducerSettings",
     "ReplicaConfig",
     "ReplicaError",
+    "Snapshot",
     "TopicAdmin",
     "TopicSpec",
     "build_session",
+    "freshest",
     "load_replica",
     "local_settings",
     "maintain",
+    "replica_status",
     "run_replica",
     "start_replica",
+    "wait_for",
 ]
 
 

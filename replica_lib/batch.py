@@ -148,12 +148,16 @@ class BatchHandler:
         schemas: dict[str, TableSchema],
         hooks: BatchHooks | None = None,
         stop_requested: Callable[[], bool] | None = None,
+        report: Callable[[BatchStats], None] | None = None,
     ) -> None:
         self.cfg, self.schemas = cfg, schemas
+        self.report = report  # takes every finished batch's figures (the per-batch metrics)
         self.hooks = hooks or BatchHooks()
         self.stop_requested = stop_requested
         #: The batch refused after a stop request (the query then fails with :class:`StopRequested`), or None.
         self.refused: int | None = None
+        #: The last batch this handler finished, or None.
+        self.last_batch: int | None = None
         self._generation: str | None = None
         self._filled: set[str] = set()  # tables known to hold data: they never need the emptiness check again
         self._retained = _Retained()
@@ -183,6 +187,9 @@ class BatchHandler:
         batch.stats.seconds = time.monotonic() - batch.stage.started
         logger.info(batch.stats.line(self.cfg.name))
         self._group_offsets.publish(batch.stats.offsets)
+        self.last_batch = batch_id
+        if self.report is not None:
+            self.report(batch.stats)
         if decoded.records and self.hooks.after_batch is not None:
             self.hooks.after_batch(batch.stats)
 

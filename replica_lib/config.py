@@ -364,6 +364,8 @@ class ReplicaConfig:
     trigger: TriggerConfig = field(default_factory=TriggerConfig)
     tombstone_retention_s: int = 7 * 86400
     compaction: CompactionConfig = field(default_factory=CompactionConfig)
+    #: Where per-batch metrics are appended (one row per batch, :mod:`replica_lib.metrics`); None: the log only.
+    metrics: Target | None = None
 
     @property
     def topics(self) -> tuple[str, ...]:
@@ -482,7 +484,9 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
     """Validate an already-parsed replica document: every section, then the replica's layout as a whole."""
     r = _Reader(source, environ)
     r.only(doc, "", {"replica", "kafka", "source", "trigger", "compaction", "tables"})
-    rep = r.section(doc, "replica", {"name", "checkpoint", "quarantine", "tombstone_retention"}, required=True)
+    rep = r.section(
+        doc, "replica", {"name", "checkpoint", "quarantine", "metrics", "tombstone_retention"}, required=True
+    )
     name = r.string(rep, "name", "replica")
     if not _NAME.match(name):
         raise r.fail("replica.name", f"{name!r} is not a plain name", "use letters, digits and _ only")
@@ -502,6 +506,7 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
         quarantine=r.target(rep["quarantine"], "replica.quarantine"),
         tombstone_retention_s=_parse_retention(r, rep),
         compaction=_parse_compaction(r, doc),
+        metrics=r.target(rep["metrics"], "replica.metrics") if "metrics" in rep else None,
     )
     _check_layout(cfg)
     return cfg
@@ -952,6 +957,8 @@ def _storage(cfg: ReplicaConfig) -> list[tuple[str, str, str]]:
         places.append((f"table {table.name}", key, _place(table.target)))
         places.append((f"the retained deletes of {table.name}", key, _place(tombstone_location(table.target))))
     places.append(("the quarantine table", "replica.quarantine", _place(cfg.quarantine)))
+    if cfg.metrics is not None:
+        places.append(("the metrics table", "replica.metrics", _place(cfg.metrics)))
     return places
 
 

@@ -56,6 +56,10 @@ class DataLossError(ReplicaError):
     """The log no longer holds records this replica has not applied yet; says what is missing and how to rebuild."""
 
 
+class NotAppliedError(ReplicaError):
+    """No replica applied a write within the time allowed; says how far each replica is from it."""
+
+
 class MaintenanceError(ReplicaError):
     """Maintenance could not finish a table (e.g. it kept conflicting with the running replica); says what to do."""
 

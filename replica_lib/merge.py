@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from replica_lib.config import Target
 from replica_lib.errors import (
@@ -215,6 +216,13 @@ def append_tombstones(target: Target, winners_df: DataFrame, schema: TableSchema
 def append_quarantine(target: Target, rows_df: DataFrame, commit: Commit) -> None:
     """Append rejected records to the quarantine table (an idempotent append)."""
     _append(target, rows_df, commit)
+
+
+def append_metrics(
+    spark: SparkSession, target: Target, rows: Sequence[tuple[Any, ...]], schema: StructType, commit: Commit
+) -> None:
+    """Append per-batch metrics records (skipped if a write of the same app reached ``commit.batch_id``)."""
+    _append(target, spark.createDataFrame(list(rows), schema), commit)
 
 
 def _append(target: Target, rows_df: DataFrame, commit: Commit) -> None:

@@ -15,6 +15,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from replica_lib.batch import BatchHandler, BatchHooks
 from replica_lib.config import ReplicaConfig
 from replica_lib.errors import TopicError
+from replica_lib.metrics import BatchMetrics
 from replica_lib.recovery import (
     applied_so_far,
     check_checkpoint,
@@ -51,7 +52,7 @@ def _start(
     available_now: bool | None,
     hooks: BatchHooks | None,
     stop_requested: Callable[[], bool] | None,
-) -> tuple[StreamingQuery, BatchHandler]:
+) -> tuple[StreamingQuery, BatchHandler, BatchMetrics]:
     # The file was checked when it was loaded; what needs storage comes next, and the broker only then, so that a
     # refused checkpoint creates no table and a bad checkpoint is not reported as an unreachable broker.
     lock_checkpoint(cfg)
@@ -63,7 +64,9 @@ def _start(
     schemas = ensure_replica_tables(session, cfg)
     claim_checkpoint(session, cfg)
     _check_no_data_loss(session, cfg)
-    handler = BatchHandler(cfg, schemas, hooks, stop_requested)
+    metrics = BatchMetrics(session, cfg)
+    session.streams.addListener(metrics)
+    handler = BatchHandler(cfg, schemas, hooks, stop_requested, report=metrics.record)
     writer = (
         read_changes(session, cfg, starting_offsets(session, cfg))
         .writeStream.queryName(cfg.name)
@@ -81,7 +84,7 @@ def _start(
         ",".join(cfg.topics),
         "available-now" if once else f"every {cfg.trigger.interval}",
     )
-    return query, handler
+    return query, handler, metrics
 
 
 def batch_confs(spark: SparkSession) -> dict[str, str]:
@@ -118,7 +121,7 @@ def run_replica(
     Raises the query's ``StreamingQueryException`` if a batch fails.
     """
     stop = threading.Event()
-    query, handler = _start(spark, cfg, available_now, hooks, stop.is_set)
+    query, handler, metrics = _start(spark, cfg, available_now, hooks, stop.is_set)
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
         logger.info("replica %s: %s received, stopping after the current batch", cfg.name, signal.Signals(signum).name)
@@ -146,4 +149,5 @@ def run_replica(
         for sig, previous_handler in previous.items():
             signal.signal(sig, previous_handler)
         handler.close()
+        metrics.close(handler.last_batch)
     logger.info("replica %s stopped", cfg.name)

@@ -105,11 +105,15 @@ def tombstone_target(table: TableConfig) -> Target:
     return tombstone_location(table.target)
 
 
-def read_table(spark: SparkSession, target: Target) -> DataFrame:
+def read_table(spark: SparkSession, target: Target, version: int | None = None) -> DataFrame:
+    """The table's rows: its latest version, or exactly ``version`` (Delta time travel)."""
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
     if target.path:
-        return spark.read.format("delta").load(target.path)
+        return reader.load(target.path)
     assert target.table is not None
-    return spark.read.table(target.table)
+    return reader.table(target.table)
 
 
 def table_exists(spark: SparkSession, target: Target) -> bool:

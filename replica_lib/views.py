@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pyspark.sql import SparkSession
 
 from replica_lib.config import ReplicaConfig
@@ -9,8 +11,11 @@ from replica_lib.errors import ConfigError
 from replica_lib.target import read_table, table_exists
 
 
-def register_views(spark: SparkSession, cfg: ReplicaConfig) -> list[str]:
-    """Register ``<table>`` for each replica table and ``<replica>_quarantine``; returns the view names."""
+def register_views(spark: SparkSession, cfg: ReplicaConfig, versions: Mapping[str, int] | None = None) -> list[str]:
+    """Register ``<table>`` for each replica table and ``<replica>_quarantine``; returns the view names.
+
+    ``versions``: tables to read at a given Delta version (e.g. one that holds a write: :mod:`replica_lib.reads`).
+    """
     names = []
     for table in cfg.tables:
         if not table_exists(spark, table.target):
@@ -20,7 +25,7 @@ def register_views(spark: SparkSession, cfg: ReplicaConfig) -> list[str]:
                 f"no Delta table at {table.target.describe()} yet",
                 "run the replica first: it creates its tables with its first batch",
             )
-        read_table(spark, table.target).createOrReplaceTempView(table.name)
+        read_table(spark, table.target, (versions or {}).get(table.name)).createOrReplaceTempView(table.name)
         names.append(table.name)
     if table_exists(spark, cfg.quarantine):
         read_table(spark, cfg.quarantine).createOrReplaceTempView(f"{cfg.name}_quarantine")

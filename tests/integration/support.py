@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import Producer
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -110,3 +111,20 @@ def end_offsets(log: Iterable[LoggedChange]) -> dict[int, int]:
     for event in log:
         ends[event.position.partition] = max(ends.get(event.position.partition, 0), event.position.offset + 1)
     return ends
+
+
+def produce_garbage(connection: dict[str, str], topic: str, partition: int) -> int:
+    """One record that is not a change event, to ``partition``; returns its offset."""
+    offsets: list[int | None] = []
+    producer = Producer({**connection, "enable.idempotence": True})
+    producer.produce(
+        topic,
+        key=b'{"order_id": 999}',
+        value=b"not json",
+        partition=partition,
+        on_delivery=lambda _e, m: offsets.append(m.offset()),
+    )
+    producer.flush(30)
+    (offset,) = offsets
+    assert offset is not None
+    return offset

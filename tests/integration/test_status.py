@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import SparkSession
 
 from jobs.status import main as status_main
@@ -23,7 +23,7 @@ from replica_lib.progress import applied_offsets
 from replica_lib.status import ReplicaStatus, Thresholds, replica_status, status_df
 from replica_lib.stream import run_replica
 from replica_lib.topics import TopicAdmin
-from tests.integration.support import end_offsets, produce, upsert
+from tests.integration.support import end_offsets, produce, produce_garbage, upsert
 from tests.integration.test_semantics import assert_matches_model
 
 pytestmark = pytest.mark.integration
@@ -61,23 +61,6 @@ def _per_partition(log: list[LoggedChange], partitions: int) -> dict[int, int]:
 def _lags(status: ReplicaStatus) -> dict[int, int | None]:
     (table,) = status.tables
     return {p.partition: p.lag for p in table.partitions}
-
-
-def _produce_garbage(connection: dict[str, str], topic: str, partition: int) -> int:
-    """One record that is not a change event, to ``partition``; returns its offset."""
-    offsets: list[int | None] = []
-    producer = Producer({**connection, "enable.idempotence": True})
-    producer.produce(
-        topic,
-        key=b'{"order_id": 999}',
-        value=b"not json",
-        partition=partition,
-        on_delivery=lambda _e, m: offsets.append(m.offset()),
-    )
-    producer.flush(30)
-    (offset,) = offsets
-    assert offset is not None
-    return offset
 
 
 def _group_offsets(connection: dict[str, str], group: str, topic: str, partitions: int) -> dict[int, int]:
@@ -134,7 +117,7 @@ def test_lag_before_and_after_a_run_and_in_the_replicas_consumer_group(
     conf, cfg = _replica_file(tmp_path, "status_a", bootstrap, topic)
     admin = TopicAdmin(connection)
     first = produce(connection, topic, [upsert(k, s, f"s{s}") for s in (1, 2) for k in range(40)])
-    garbage_offset = _produce_garbage(connection, topic, partition=0)
+    garbage_offset = produce_garbage(connection, topic, partition=0)
     first_counts = _per_partition(first, 3)
     first_counts[0] += 1
 

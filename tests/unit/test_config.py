@@ -83,6 +83,7 @@ def test_shipped_replica_files_load(name: str) -> None:
         ),
         source=SourceConfig(starting_offsets="earliest", max_offsets_per_trigger=100000, fail_on_data_loss=True),
         trigger=TriggerConfig(available_now=False, interval="5 seconds"),
+        metrics=Target(path=f"/tmp/x/{name}/_metrics") if name == "orders_a" else None,
     )
     assert cfg.topics == ("orders",)
     assert cfg.table("orders") is cfg.tables[0]

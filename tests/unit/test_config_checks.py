@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from replica_dev.conf import ORDERS_SCHEMA
-from replica_lib.config import DdlError, load_replica, load_replicas, parse_replica, parse_schema, schema_json
+from replica_lib.config import DdlError, Target, load_replica, load_replicas, parse_replica, parse_schema, schema_json
 from replica_lib.errors import ConfigError
 
 SOURCE = "checks.toml"
@@ -162,6 +162,22 @@ def test_the_quarantine_is_apart_from_every_table(quarantine: str) -> None:
     err = refused(doc)
     assert err.key == "replica.quarantine"
     assert "the quarantine table and" in err.problem
+
+
+@pytest.mark.parametrize("metrics", ["/data/r1/orders", "/data/r1/orders__tombstones/m", "/data/r1/_quarantine"])
+def test_the_metrics_table_is_apart_from_every_other(metrics: str) -> None:
+    doc = doc_with()
+    doc["replica"]["quarantine"] = {"path": "/data/r1/_quarantine"}
+    doc["replica"]["metrics"] = {"path": metrics}
+    err = refused(doc)
+    assert err.key == "replica.metrics"
+    assert "the metrics table and" in err.problem
+
+
+def test_a_metrics_table_of_its_own_loads() -> None:
+    doc = doc_with()
+    doc["replica"]["metrics"] = {"table": "ops.replica_metrics"}
+    assert parse_replica(doc, SOURCE, {}).metrics == Target(table="ops.replica_metrics")
 
 
 @pytest.mark.parametrize("checkpoint", ["/data/r1/orders", "/data/r1/orders/_checkpoint", "/data/r1", "file:/data"])
