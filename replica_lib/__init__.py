@@ -24,10 +24,12 @@ if TYPE_CHECKING:
     from replica_lib.maintenance import maintain
     from replica_lib.producer import Change, ChangeProducer, Delivery, Position, ProducerSettings
     from replica_lib.reads import Snapshot, freshest, wait_for
+    from replica_lib.rebuild import rebuild
     from replica_lib.session import build_session
     from replica_lib.status import replica_status
     from replica_lib.stream import run_replica, start_replica
     from replica_lib.topics import TopicAdmin, TopicSpec
+    from replica_lib.verify import compare_tables
 
 _WHERE = {
     "BatchHooks": "batch",
@@ -47,6 +49,8 @@ _WHERE = {
     "freshest": "reads",
     "wait_for": "reads",
     "replica_status": "status",
+    "rebuild": "rebuild",
+    "compare_tables": "verify",
     "build_session": "session",
     "run_replica": "stream",
     "start_replica": "stream",
@@ -69,10 +73,12 @@ __all__ = [
     "TopicAdmin",
     "TopicSpec",
     "build_session",
+    "compare_tables",
     "freshest",
     "load_replica",
     "local_settings",
     "maintain",
+    "rebuild",
     "replica_status",
     "run_replica",
     "start_replica",

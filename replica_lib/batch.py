@@ -41,7 +41,7 @@ from replica_lib.merge import (
 )
 from replica_lib.monitor import GroupOffsets
 from replica_lib.ordering import current_versions, latest_per_key
-from replica_lib.progress import batch_end_offsets, checkpoint_generation
+from replica_lib.progress import Offsets, batch_end_offsets, checkpoint_generation
 from replica_lib.target import TableSchema, read_table, tombstone_target, version_columns
 
 logger = logging.getLogger(__name__)
@@ -149,6 +149,7 @@ class BatchHandler:
         hooks: BatchHooks | None = None,
         stop_requested: Callable[[], bool] | None = None,
         report: Callable[[BatchStats], None] | None = None,
+        monitored: bool = True,
     ) -> None:
         self.cfg, self.schemas = cfg, schemas
         self.report = report  # takes every finished batch's figures (the per-batch metrics)
@@ -162,18 +163,37 @@ class BatchHandler:
         self._filled: set[str] = set()  # tables known to hold data: they never need the emptiness check again
         self._retained = _Retained()
         self._beside = futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"replica-{cfg.name}-beside")
-        self._group_offsets = GroupOffsets(cfg)  # applied offsets for Kafka tooling, committed off the batch's path
+        # Applied offsets for Kafka tooling, committed off the batch's path (not by a rebuild: the group is the
+        # live replica's).
+        self._group_offsets = GroupOffsets(cfg) if monitored else None
 
     def close(self) -> None:
         """Release the handler's threads (after its query stopped), once the last applied offsets are committed."""
         self._beside.shutdown(wait=True)
-        self._group_offsets.close()
+        if self._group_offsets is not None:
+            self._group_offsets.close()
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         if self.stop_requested is not None and self.stop_requested():
             self.refused = batch_id
             raise StopRequested(f"replica {self.cfg.name}: stop requested, batch {batch_id} runs on the next start")
-        batch = self._begin(batch_df, batch_id)
+        spark = batch_df.sparkSession
+        if self._generation is None:
+            self._generation = checkpoint_generation(spark, self.cfg.checkpoint)
+        self._run(batch_df, batch_id, batch_end_offsets(spark, self.cfg.checkpoint, batch_id))
+
+    def apply(self, batch_df: DataFrame, batch_id: int, offsets: Offsets, generation: str) -> BatchStats:
+        """Apply a static frame of records as batch ``batch_id`` of ``generation``, ending at ``offsets``.
+
+        The bulk path of a rebuild: one frame for a whole range of the log, with the streaming batch's decoding,
+        quarantine, ordering and idempotent writes (a re-run with the same generation and batch id writes nothing
+        already committed).
+        """
+        self._generation = generation
+        return self._run(batch_df, batch_id, offsets)
+
+    def _run(self, batch_df: DataFrame, batch_id: int, offsets: Offsets) -> BatchStats:
+        batch = self._begin(batch_df, batch_id, offsets)
         self._at("before_batch", batch)
         decoded = self._decode(batch, batch_df)
         if decoded.records:
@@ -186,19 +206,20 @@ class BatchHandler:
             self._compact(batch)
         batch.stats.seconds = time.monotonic() - batch.stage.started
         logger.info(batch.stats.line(self.cfg.name))
-        self._group_offsets.publish(batch.stats.offsets)
+        if self._group_offsets is not None:
+            self._group_offsets.publish(batch.stats.offsets)
         self.last_batch = batch_id
         if self.report is not None:
             self.report(batch.stats)
         if decoded.records and self.hooks.after_batch is not None:
             self.hooks.after_batch(batch.stats)
+        return batch.stats
 
     # ------------------------------------------------------------------------------------------------ stages
-    def _begin(self, batch_df: DataFrame, batch_id: int) -> _Batch:
+    def _begin(self, batch_df: DataFrame, batch_id: int, offsets: Offsets) -> _Batch:
         spark = batch_df.sparkSession
-        if self._generation is None:
-            self._generation = checkpoint_generation(spark, self.cfg.checkpoint)
-        stats = BatchStats(batch_id=batch_id, offsets=batch_end_offsets(spark, self.cfg.checkpoint, batch_id))
+        assert self._generation is not None
+        stats = BatchStats(batch_id=batch_id, offsets={t: dict(parts) for t, parts in offsets.items()})
         metadata = {
             "replica": self.cfg.name,
             "batch_id": batch_id,

@@ -60,6 +60,14 @@ class NotAppliedError(ReplicaError):
     """No replica applied a write within the time allowed; says how far each replica is from it."""
 
 
+class RebuildError(ReplicaError):
+    """A rebuild cannot run as asked (its folder holds another rebuild, its end cannot be known); says what to do."""
+
+
+class VerifyError(ReplicaError):
+    """Two tables cannot be compared (different keys, or recorded at different offsets); says how to compare them."""
+
+
 class MaintenanceError(ReplicaError):
     """Maintenance could not finish a table (e.g. it kept conflicting with the running replica); says what to do."""
 

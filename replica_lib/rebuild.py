@@ -1,0 +1,156 @@
+"""Rebuild a replica from the log into tables of its own (a shadow beside the live ones, or a point in time).
+
+The bulk path: one batch read of the replica's topics from their earliest offsets up to a fixed end, applied by
+the streaming path's own :class:`~replica_lib.batch.BatchHandler` (same decoding, quarantine, ordering and
+idempotent writes) as one batch, so every key gets one winner over the whole range and every table one write.
+The end offsets are recorded in each commit as the streaming path records them; a replica started on the rebuilt
+tables with a new, empty checkpoint resumes from there (:func:`replica_lib.recovery.starting_offsets`).
+
+The plan (end offsets, generation) is written to the rebuild's folder before anything is read, so a rebuild
+killed at any point and run again finishes the same plan: writes that committed are skipped by their
+``txnAppId``/``txnVersion``, the rest are made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, replace
+
+from pyspark.sql import DataFrame, SparkSession
+
+from replica_lib.batch import BatchHandler, BatchHooks, BatchStats
+from replica_lib.config import ReplicaConfig, Target
+from replica_lib.errors import ConfigError, RebuildError
+from replica_lib.progress import Offsets, path_exists, read_text, write_text
+from replica_lib.recovery import lock_checkpoint
+from replica_lib.source import check_reachable
+from replica_lib.stream import batch_confs
+from replica_lib.target import ensure_replica_tables
+from replica_lib.topics import TopicAdmin
+
+logger = logging.getLogger(__name__)
+
+PLAN_FILE = "_rebuild.json"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a rebuild applies: every record below ``ends`` (topic -> partition -> exclusive end offset)."""
+
+    ends: Offsets
+    generation: str
+
+    def to_json(self) -> str:
+        ends = {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in sorted(self.ends.items())}
+        return json.dumps({"ends": ends, "generation": self.generation}, sort_keys=True)
+
+    @staticmethod
+    def of(ends: Offsets) -> Plan:
+        canonical = json.dumps({t: sorted(parts.items()) for t, parts in sorted(ends.items())})
+        return Plan(ends, "rebuild-" + hashlib.sha256(canonical.encode()).hexdigest()[:16])
+
+
+def rebuild_config(cfg: ReplicaConfig, root: str) -> ReplicaConfig:
+    """``cfg`` with its tables, quarantine and plan under ``root``: ``root/<table>``, ``root/_quarantine``."""
+    base = root.rstrip("/")
+    if any(
+        _inside(t.target.path or "", base) or _inside(base, t.target.path or "") for t in cfg.tables if t.target.path
+    ):
+        raise ConfigError(
+            cfg.source_file,
+            "--into",
+            f"{root} overlaps a table of replica {cfg.name}",
+            "rebuild into a folder of its own, apart from the live tables",
+        )
+    tables = tuple(replace(t, target=Target(path=f"{base}/{t.name}")) for t in cfg.tables)
+    return replace(
+        cfg,
+        tables=tables,
+        quarantine=Target(path=f"{base}/_quarantine"),
+        checkpoint=f"{base}/_rebuild",
+        metrics=None,
+    )
+
+
+def _inside(path: str, folder: str) -> bool:
+    return bool(path) and (path == folder or path.startswith(folder.rstrip("/") + "/"))
+
+
+def log_ends(cfg: ReplicaConfig) -> Offsets:
+    """The end of each of the replica's topics now, as a ``read_committed`` reader sees it."""
+    client = cfg.kafka.client_config()
+    if client.settings is None:
+        raise RebuildError(f"replica {cfg.name}: cannot list the log's end offsets: {client.reason}; give --until")
+    admin = TopicAdmin(client.settings)
+    return {topic: admin.latest_offsets(topic) for topic in cfg.topics}
+
+
+def plan(spark: SparkSession, shadow: ReplicaConfig, until: Offsets | None) -> Plan:
+    """The rebuild's plan: the one recorded by an earlier run into the same folder, else a new one (recorded)."""
+    path = f"{shadow.checkpoint}/{PLAN_FILE}"
+    if path_exists(spark, path):
+        recorded = json.loads(read_text(spark, path))
+        ends = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in recorded["ends"].items()}
+        previous = Plan(ends, str(recorded["generation"]))
+        if until is not None and until != previous.ends:
+            raise RebuildError(
+                f"{shadow.checkpoint} holds a rebuild up to {json.dumps(recorded['ends'])}, not the one asked; "
+                "rebuild into another folder, or remove this one first"
+            )
+        logger.info("rebuild %s: going on with the recorded plan up to %s", shadow.name, json.dumps(recorded["ends"]))
+        return previous
+    new = Plan.of(until if until is not None else log_ends(shadow))
+    missing = sorted(set(shadow.topics) - set(new.ends))
+    if missing:
+        raise RebuildError(f"no end offsets given for topic(s) {', '.join(missing)} of replica {shadow.name}")
+    write_text(spark, path, new.to_json())
+    return new
+
+
+def read_range(spark: SparkSession, cfg: ReplicaConfig, ends: Offsets) -> DataFrame:
+    """Every committed record of the replica's topics from the log's start up to ``ends`` (Spark's batch read)."""
+    ending = {t: {str(p): o for p, o in parts.items()} for t, parts in ends.items()}
+    options = cfg.kafka.spark_options()
+    options.update(
+        {
+            "subscribe": ",".join(cfg.topics),
+            "startingOffsets": "earliest",
+            "endingOffsets": json.dumps(ending),
+            "failOnDataLoss": "true",
+            "kafka.isolation.level": "read_committed",
+            "includeHeaders": "false",
+        }
+    )
+    return spark.read.format("kafka").options(**options).load()
+
+
+def rebuild(
+    spark: SparkSession,
+    cfg: ReplicaConfig,
+    root: str,
+    until: Offsets | None = None,
+    hooks: BatchHooks | None = None,
+) -> BatchStats:
+    """Rebuild replica ``cfg`` into tables under ``root``, from the log's start up to ``until`` (default: the
+    log's end now). Safe to run again after a crash; one rebuild per folder at a time."""
+    shadow = rebuild_config(cfg, root)
+    lock_checkpoint(shadow)
+    check_reachable(shadow)
+    session = spark.newSession()
+    for key, value in batch_confs(spark).items():
+        session.conf.set(key, value)
+    the_plan = plan(session, shadow, until)
+    schemas = ensure_replica_tables(session, shadow)
+    handler = BatchHandler(shadow, schemas, hooks, monitored=False)  # the live replica's consumer group is its own
+    try:
+        logger.info(
+            "rebuild %s into %s: the log up to %s",
+            cfg.name,
+            root,
+            ", ".join(f"{t}:" + ",".join(f"{p}={o}" for p, o in sorted(e.items())) for t, e in the_plan.ends.items()),
+        )
+        return handler.apply(read_range(session, shadow, the_plan.ends), 0, the_plan.ends, the_plan.generation)
+    finally:
+        handler.close()
