@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from replica_lib.config import ReplicaConfig, TableConfig
 from replica_lib.errors import ConfigError, VerifyError
 from replica_lib.progress import applied_offsets
-from replica_lib.target import read_table
+from replica_lib.target import read_table, table_exists
 
 #: Buckets of keys the fingerprints are summed in.
 BUCKETS = 1024
@@ -109,6 +109,12 @@ def compare_tables(
     (lcfg, ltable), (rcfg, rtable) = left, right
     if list(ltable.keys) != list(rtable.keys):
         raise VerifyError(f"{ltable.name} is keyed by {list(ltable.keys)}, {rtable.name} by {list(rtable.keys)}")
+    for cfg, table in (left, right):
+        if not table_exists(spark, table.target):
+            raise VerifyError(
+                f"replica {cfg.name} has no table {table.name} at {table.target.describe()} yet: run it (or the "
+                "rebuild) first"
+            )
     lapplied = applied_offsets(spark, ltable.target)
     rapplied = applied_offsets(spark, rtable.target)
     lat, rat = (lapplied.offsets if lapplied else {}), (rapplied.offsets if rapplied else {})
