@@ -78,6 +78,46 @@ def _inside(path: str, folder: str) -> bool:
     return bool(path) and (path == folder or path.startswith(folder.rstrip("/") + "/"))
 
 
+def preflight(cfg: ReplicaConfig, ends: Offsets) -> list[str]:
+    """Before anything is read: can the log still reproduce the state up to ``ends``? Returns warnings.
+
+    Raises :class:`RebuildError` when records the rebuild needs are gone: a partition that no longer starts at
+    offset 0 lost records (retention under ``cleanup.policy=delete`` or ``compact,delete``, or a records deletion;
+    compaction alone never moves a partition's start). On a compacted log, deletes
+    older than ``delete.retention.ms`` may have been removed together with the key's earlier records: the
+    rebuilt table then lacks the key, as it should.
+    """
+    client = cfg.kafka.client_config()
+    if client.settings is None:
+        return [f"not checking what the log still holds: {client.reason}"]
+    admin = TopicAdmin(client.settings)
+    warnings = []
+    for topic, topic_ends in sorted(ends.items()):
+        described = admin.describe(topic)
+        if described is None:
+            raise RebuildError(f"topic {topic!r} of replica {cfg.name} does not exist")
+        configs = described[2]
+        policy = set(configs.get("cleanup.policy", "delete").replace(" ", "").split(","))
+        starts = admin.earliest_offsets(topic)
+        trimmed = {p: o for p, o in sorted(starts.items()) if o > 0 and topic_ends.get(p, 0) > 0}
+        if trimmed:
+            where = ", ".join(f"partition {p} starts at {o}" for p, o in trimmed.items())
+            raise RebuildError(
+                f"topic {topic} (cleanup.policy={','.join(sorted(policy))}) no longer holds its first records "
+                f"({where}): they were deleted by retention or a records deletion, so a rebuild cannot reproduce "
+                "the replica's state; rebuild from a copy that holds them (the live replica's tables), or use "
+                "cleanup.policy=compact with retention.ms=-1 for topics that must stay rebuildable"
+            )
+        if "compact" in policy:
+            retention = int(configs.get("delete.retention.ms", "86400000"))
+            warnings.append(
+                f"topic {topic} is compacted: deletes older than delete.retention.ms ({retention} ms) may have been "
+                "removed with their key's earlier records (the rebuilt table lacks those keys, as it should); a "
+                "change written with a lower seq after a higher one may be the one compaction kept"
+            )
+    return warnings
+
+
 def log_ends(cfg: ReplicaConfig) -> Offsets:
     """The end of each of the replica's topics now, as a ``read_committed`` reader sees it."""
     client = cfg.kafka.client_config()
@@ -105,6 +145,8 @@ def plan(spark: SparkSession, shadow: ReplicaConfig, until: Offsets | None) -> P
     missing = sorted(set(shadow.topics) - set(new.ends))
     if missing:
         raise RebuildError(f"no end offsets given for topic(s) {', '.join(missing)} of replica {shadow.name}")
+    for warning in preflight(shadow, new.ends):
+        logger.warning("rebuild %s: %s", shadow.name, warning)
     write_text(spark, path, new.to_json())
     return new
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,13 @@ from replica_dev import loadgen
 from replica_dev.conf import orders_table, replica_doc, write_replica
 from replica_lib.batch import BatchHooks
 from replica_lib.config import ReplicaConfig, Target, load_replica
+from replica_lib.errors import RebuildError
 from replica_lib.producer import ChangeProducer
 from replica_lib.progress import applied_offsets
 from replica_lib.rebuild import rebuild, rebuild_config
 from replica_lib.stream import run_replica
 from replica_lib.target import read_table
+from replica_lib.topics import TopicAdmin, TopicSpec
 from tests.integration.support import delete, produce, produce_garbage, tombstone, upsert
 from tests.integration.test_semantics import assert_matches_model
 
@@ -140,3 +143,20 @@ def test_a_point_in_time_rebuild_survives_a_crash_and_a_replica_goes_on_from_it(
     resumed_from = json.dumps({topic: {str(p): o for p, o in cut.items()}})
     assert any(f"applied the log up to {resumed_from}" in r.getMessage() for r in caplog.records)
     assert_matches_model(spark, resumed, log)
+
+
+def test_preflight_refuses_a_log_whose_first_records_are_gone(
+    spark: SparkSession, connection: dict[str, str], tmp_path: Path
+) -> None:
+    topic = f"trimmed-{uuid.uuid4().hex[:8]}"
+    admin = TopicAdmin(connection)
+    admin.ensure(TopicSpec.local(topic, partitions=2, compact=False), local=True)
+    _, live = _live(tmp_path, connection["bootstrap.servers"], topic)
+    produce(connection, topic, [upsert(k, 1, "new") for k in range(20)])
+    admin.delete_records_before(topic, {1: 2})  # what retention does to the oldest segment
+
+    into = tmp_path / "rebuilt"
+    with pytest.raises(RebuildError, match=r"no longer holds its first records \(partition 1 starts at 2\)"):
+        rebuild(spark, live, str(into))
+    assert not (into / "orders").exists()
+    assert not (into / "_rebuild" / "_rebuild.json").exists()
