@@ -16,7 +16,7 @@ from jobs._cli import FAILURE, USER_ERROR, guarded, setup_logging
 from replica_lib.config import load_replica, local_settings
 from replica_lib.rebuild import rebuild_config
 from replica_lib.session import build_session
-from replica_lib.verify import compare_tables, report, table_of
+from replica_lib.verify import compare_tables, report
 
 
 def main(argv: list[str]) -> int:
@@ -35,7 +35,8 @@ def main(argv: list[str]) -> int:
         left = load_replica(args.conf)
         right = load_replica(args.other) if args.other else rebuild_config(left, args.rebuilt)
         spark = build_session(f"replica-verify-{left.name}", local_settings())
-        ltable, rtable = table_of(left, args.table), table_of(right, args.table or table_of(left, None).name)
+        ltable = left.table_named(args.table, "--table")
+        rtable = right.table_named(ltable.name, "--table")
         comparison = compare_tables(spark, (left, ltable), (right, rtable))
         print(report(f"{left.name}.{ltable.name}", f"{right.name}.{rtable.name}", comparison))
         return 0 if comparison.equal else FAILURE

@@ -377,6 +377,20 @@ class ReplicaConfig:
                 return table
         raise KeyError(name)
 
+    def table_named(self, name: str | None, key: str) -> TableConfig:
+        """The table ``name`` (the only table if None) for a user's argument ``key``; a ConfigError otherwise."""
+        if name is None and len(self.tables) == 1:
+            return self.tables[0]
+        for table in self.tables:
+            if table.name == name:
+                return table
+        raise ConfigError(
+            self.source_file,
+            key,
+            "the replica has several tables" if name is None else f"replica {self.name} has no table {name!r}",
+            f"name one of {', '.join(t.name for t in self.tables)}",
+        )
+
 
 # ---------------------------------------------------------------------------------------------- loading
 class _Reader:

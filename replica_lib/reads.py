@@ -50,7 +50,7 @@ class Snapshot:
 
 def snapshot(spark: SparkSession, cfg: ReplicaConfig, table: str) -> Snapshot:
     """The table's newest version and what it has applied: its own commits, or a later finished batch."""
-    config = _table(cfg, table)
+    config = cfg.table_named(table, "tables")
     # The checkpoint first, the table's version next: a batch the checkpoint says finished had written the table
     # before it finished, so that version holds it.
     finished = last_committed_offsets(spark, cfg.checkpoint) if path_exists(spark, cfg.checkpoint) else None
@@ -124,18 +124,6 @@ def parse_position(text: str) -> Position:
     if position is None or not topic or position.partition < 0 or position.offset < 0:
         raise ValueError(f"{text!r} is not a position: expected topic:partition:offset, e.g. orders:0:7275")
     return position
-
-
-def _table(cfg: ReplicaConfig, name: str) -> TableConfig:
-    for table in cfg.tables:
-        if table.name == name:
-            return table
-    raise ConfigError(
-        cfg.source_file,
-        "tables",
-        f"replica {cfg.name} has no table {name!r}",
-        f"use one of {', '.join(t.name for t in cfg.tables)}",
-    )
 
 
 def _latest_version(spark: SparkSession, table: TableConfig) -> int:

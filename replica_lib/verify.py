@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from replica_lib.config import ReplicaConfig, TableConfig
-from replica_lib.errors import ConfigError, VerifyError
+from replica_lib.errors import VerifyError
 from replica_lib.progress import applied_offsets
 from replica_lib.target import read_table, table_exists
 
@@ -131,21 +131,6 @@ def _offsets(offsets: dict[str, dict[int, int]]) -> str:
     if not offsets:
         return "nothing applied"
     return " ".join(f"{t}:" + ",".join(f"{p}={o}" for p, o in sorted(parts.items())) for t, parts in offsets.items())
-
-
-def table_of(cfg: ReplicaConfig, name: str | None) -> TableConfig:
-    """The replica's table ``name`` (its only table if None)."""
-    if name is None and len(cfg.tables) == 1:
-        return cfg.tables[0]
-    for table in cfg.tables:
-        if table.name == name:
-            return table
-    raise ConfigError(
-        cfg.source_file,
-        "--table",
-        "the replica has several tables" if name is None else f"no table {name!r}",
-        f"name one of {', '.join(t.name for t in cfg.tables)}",
-    )
 
 
 def report(left: str, right: str, comparison: Comparison) -> str:
