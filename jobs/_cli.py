@@ -28,6 +28,10 @@ def setup_logging(verbose: bool = False) -> None:
         datefmt="%H:%M:%S",
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    # PySpark logs every failed SQL statement with its Java trace (as JSON and as text) before raising it; the job
+    # reports the error itself in one line (the trace with REPLICA_DEBUG=1).
+    if not local_settings().debug:
+        logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL + 1)
     # py4j logs a retried send on a closed pooled connection to the root logger at INFO, with a traceback.
     for handler in logging.getLogger().handlers:
         handler.addFilter(lambda record: record.levelno >= logging.WARNING or "/py4j/" not in record.pathname)

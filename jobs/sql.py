@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
         help="read only once a replica has applied this write (repeatable)",
     )
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for --after (default 30)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may come between the files and the queries
     confs = [a for a in args.args if a.endswith(".toml")]
     queries = [a for a in args.args if not a.endswith(".toml")]
     if not confs or not queries or args.args[: len(confs)] != confs:

@@ -80,12 +80,13 @@ def freshest(spark: SparkSession, replicas: Sequence[ReplicaConfig], table: str)
             "give only replicas of the same topic",
         )
     best = max(snapshots, key=Snapshot.total)  # the first of equals: the order given is the preference
-    logger.info(
-        "freshest replica for %s: %s (%s)",
-        table,
-        best.replica.name,
-        ", ".join(f"{s.replica.name} {s.total()}" for s in snapshots),
-    )
+    if len(snapshots) > 1:
+        logger.info(
+            "freshest replica for %s: %s (records applied: %s)",
+            table,
+            best.replica.name,
+            ", ".join(f"{s.replica.name} {s.total()}" for s in snapshots),
+        )
     return best
 
 

@@ -100,7 +100,11 @@ def test_metrics_records_match_the_log_and_the_table(
 
 
 def test_freshest_replica_and_read_your_writes(
-    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+    spark: SparkSession,
+    connection: dict[str, str],
+    topic_factory: Any,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     topic = topic_factory(partitions=2)
     bootstrap = connection["bootstrap.servers"]
@@ -141,9 +145,18 @@ def test_freshest_replica_and_read_your_writes(
     out = tmp_path / "rows.jsonl"
     after = f"{topic}:{p.partition}:{p.offset}"
     query_text = "SELECT order_id, status FROM orders WHERE order_id = 999"
-    assert sql_main([conf_a, conf_b, query_text, "--after", after, "--timeout", "60", "--output", str(out)]) == 0
+    assert sql_main([conf_a, conf_b, "--after", after, "--timeout", "60", query_text, "--output", str(out)]) == 0
     assert [json.loads(line) for line in out.read_text().splitlines()] == [{"order_id": 999, "status": "mine"}]
     assert sql_main([conf_a, query_text, "--after", after, "--timeout", "0.5"]) == 2  # a never applied it
+
+    # A query that Spark refuses is one line, without the trace PySpark logs for it.
+    capfd.readouterr()
+    assert sql_main([conf_b, "SELECT no_such_column FROM orders"]) == 2
+    captured = capfd.readouterr()
+    assert "Traceback" not in captured.out + captured.err and "\tat org." not in captured.out + captured.err
+    assert [line for line in captured.err.splitlines() if line.startswith("error:")] == [
+        line for line in captured.err.splitlines() if "UNRESOLVED_COLUMN" in line
+    ]
 
 
 def assert_rows(spark: SparkSession, frame: DataFrame, cfg: ReplicaConfig, log: list[LoggedChange]) -> None:
