@@ -1,6 +1,8 @@
 """SQL over a replica's tables: ./replica sql conf/orders_a.toml "SELECT status, count(*) FROM orders GROUP BY 1"
 
-Each table of the replica is a view named after it (``orders``), plus ``<replica>_quarantine`` for its rejects.
+Each table of the replica is a view named after it (``orders``), plus ``<replica>_quarantine`` for its rejects, and
+``replica_status`` (one row per replica, table and partition: applied and end offsets, lag, health) when a query
+names it.
 Given several replicas of one log, the views read the one that has applied the most (monotonic reads); with
 ``--after topic:partition:offset`` (a write's position, as the producer returns it), they read a replica that has
 applied that write, waiting up to ``--timeout`` seconds for one (read-your-writes).
@@ -16,7 +18,11 @@ from jobs._cli import USER_ERROR, guarded, setup_logging
 from replica_lib.config import load_replicas, local_settings
 from replica_lib.reads import Snapshot, freshest, parse_position, wait_for
 from replica_lib.session import build_session
+from replica_lib.status import status_df, status_of
 from replica_lib.views import register_views
+
+#: The view of the replicas' status (one row per replica, table and partition: lag, versions, health).
+STATUS_VIEW = "replica_status"
 
 
 def main(argv: list[str]) -> int:
@@ -61,6 +67,8 @@ def main(argv: list[str]) -> int:
         chosen = snapshots[0].replica
         pinned = {s.table.name: s.version for s in snapshots if s.replica is chosen and s.version is not None}
         register_views(spark, chosen, pinned)
+        if any(STATUS_VIEW in query for query in queries):  # computed only when asked: it reads every table
+            status_df(spark, [status_of(spark, cfg) for cfg in replicas]).createOrReplaceTempView(STATUS_VIEW)
         if len(replicas) > 1 or positions:
             print(f"reading replica {chosen.name} ({', '.join(f'{t} at version {v}' for t, v in pinned.items())})")
         for query in queries:

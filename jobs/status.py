@@ -14,10 +14,8 @@ from typing import TextIO
 
 from jobs._cli import FAILURE, guarded, own_stdout
 from replica_lib.config import load_replicas, local_settings
-from replica_lib.errors import TopicError
 from replica_lib.session import build_session
-from replica_lib.status import Thresholds, render, replica_status, to_json
-from replica_lib.topics import TopicAdmin
+from replica_lib.status import Thresholds, render, status_of, to_json
 
 
 def main(argv: list[str], out: TextIO | None = None) -> int:
@@ -52,18 +50,7 @@ def main(argv: list[str], out: TextIO | None = None) -> int:
     def body() -> int:
         configs = load_replicas(args.confs)
         spark = build_session("replica-status", local_settings())
-        statuses = []
-        for cfg in configs:
-            client = cfg.kafka.client_config()
-            admin, reason = None, client.reason
-            if client.settings is not None:
-                try:
-                    admin = TopicAdmin(client.settings, timeout_s=10.0)
-                except TopicError as exc:
-                    reason = str(exc)
-            else:
-                reason = f"the log's end offsets cannot be read here: {reason}"
-            statuses.append(replica_status(spark, cfg, admin, thresholds, no_admin_reason=reason))
+        statuses = [status_of(spark, cfg, thresholds) for cfg in configs]
         print(to_json(statuses) if args.json else render(statuses, partitions=args.partitions), file=out)
         out.flush()
         return 0 if all(status.healthy for status in statuses) else FAILURE

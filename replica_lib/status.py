@@ -356,6 +356,20 @@ STATUS_SCHEMA = T.StructType(
 )
 
 
+def status_of(spark: SparkSession, cfg: ReplicaConfig, thresholds: Thresholds | None = None) -> ReplicaStatus:
+    """:func:`replica_status` with a Kafka client made from the replica's own connection settings."""
+    client = cfg.kafka.client_config()
+    admin, reason = None, client.reason
+    if client.settings is not None:
+        try:
+            admin = TopicAdmin(client.settings, timeout_s=10.0)
+        except TopicError as exc:
+            reason = str(exc)
+    else:
+        reason = f"the log's end offsets cannot be read here: {reason}"
+    return replica_status(spark, cfg, admin, thresholds, no_admin_reason=reason)
+
+
 def status_df(spark: SparkSession, statuses: Iterable[ReplicaStatus]) -> DataFrame:
     """The statuses as rows for SQL, one per replica, table and partition (e.g. ``createOrReplaceTempView``)."""
 

@@ -149,6 +149,14 @@ def test_freshest_replica_and_read_your_writes(
     assert [json.loads(line) for line in out.read_text().splitlines()] == [{"order_id": 999, "status": "mine"}]
     assert sql_main([conf_a, query_text, "--after", after, "--timeout", "0.5"]) == 2  # a never applied it
 
+    # The replicas' status is a view too: a is one record (the write) behind, b none.
+    lag_query = "SELECT replica, sum(lag) AS lag FROM replica_status GROUP BY replica ORDER BY replica"
+    assert sql_main([conf_a, conf_b, lag_query, "--output", str(out)]) == 0
+    assert [json.loads(line) for line in out.read_text().splitlines()] == [
+        {"replica": "fresh_a", "lag": 1},
+        {"replica": "fresh_b", "lag": 0},
+    ]
+
     # A query that Spark refuses is one line, without the trace PySpark logs for it.
     capfd.readouterr()
     assert sql_main([conf_b, "SELECT no_such_column FROM orders"]) == 2
