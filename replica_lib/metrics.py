@@ -77,8 +77,8 @@ class BatchMetrics(StreamingQueryListener):
         self._writing = False
         self._closed = False
         self._writer: threading.Thread | None = None
-        #: Every record emitted so far, in order (for tests and notebooks; bounded by the batches of one run).
-        self.records: list[dict[str, Any]] = []
+        #: The batch id of the last record emitted (a long-running replica keeps no history of its own).
+        self.last_emitted: int | None = None
 
     # ------------------------------------------------------------------------------------- handler side
     def record(self, stats: BatchStats) -> None:
@@ -113,7 +113,7 @@ class BatchMetrics(StreamingQueryListener):
             return
         logger.info("replica %s metrics %s", self.cfg.name, json.dumps(record, default=str, sort_keys=True))
         with self._cond:
-            self.records.append(record)
+            self.last_emitted = stats.batch_id
             if self.cfg.metrics is not None and not self._closed:
                 self._unwritten.append(record)
                 self._start_writer()
@@ -124,7 +124,7 @@ class BatchMetrics(StreamingQueryListener):
         """Wait until the record of ``batch_id`` was emitted and appended; False after ``timeout_s``."""
 
         def done() -> bool:
-            seen = any(r["batch_id"] == batch_id for r in self.records)
+            seen = self.last_emitted is not None and self.last_emitted >= batch_id
             return seen and not self._unwritten and not self._writing
 
         with self._cond:

@@ -18,8 +18,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 from replica_lib.config import ReplicaConfig, TableConfig
 from replica_lib.errors import ConfigError, NotAppliedError
+from replica_lib.merge import delta_table
 from replica_lib.producer import Position
-from replica_lib.progress import Offsets, applied_offsets, last_committed_offsets, path_exists
+from replica_lib.progress import Offsets, applied_offsets, last_committed_offsets
 from replica_lib.target import read_table, table_exists
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def snapshot(spark: SparkSession, cfg: ReplicaConfig, table: str) -> Snapshot:
     config = cfg.table_named(table, "tables")
     # The checkpoint first, the table's version next: a batch the checkpoint says finished had written the table
     # before it finished, so that version holds it.
-    finished = last_committed_offsets(spark, cfg.checkpoint) if path_exists(spark, cfg.checkpoint) else None
+    finished = last_committed_offsets(spark, cfg.checkpoint)
     if not table_exists(spark, config.target):
         return Snapshot(cfg, config, None, {})
     version = _latest_version(spark, config)
@@ -128,11 +129,7 @@ def parse_position(text: str) -> Position:
 
 
 def _latest_version(spark: SparkSession, table: TableConfig) -> int:
-    from delta.tables import DeltaTable
-
-    target = table.target
-    delta = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, str(target.table))
-    row = delta.history(1).select("version").first()
+    row = delta_table(spark, table.target).history(1).select("version").first()
     assert row is not None
     return int(row[0])
 
