@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from replica_lib.artifacts import IVY_SETTINGS, SCALA_BINARY, SPARK_PACKAGES, SPARK_VERSION
+from replica_lib.artifacts import IVY_SETTINGS, SCALA_BINARY, SPARK_PACKAGES
 from replica_lib.errors import SetupError
 
 logger = logging.getLogger(__name__)
@@ -22,7 +22,9 @@ logger = logging.getLogger(__name__)
 KAFKA_BROKER_VERSION = "4.1.1"
 
 #: Spark's Avro functions (``from_avro``): the benchmark's peer, kafka2delta, decodes its records with them.
-SPARK_AVRO = f"org.apache.spark:spark-avro_{SCALA_BINARY}:{SPARK_VERSION}"
+#: Maven Central has no spark-avro for Spark 4.2.0; 4.1.1, the newest there, is what the peer runs with.
+SPARK_AVRO_VERSION = "4.1.1"
+SPARK_AVRO = f"org.apache.spark:spark-avro_{SCALA_BINARY}:{SPARK_AVRO_VERSION}"
 
 #: Packages a dev job needs beyond :data:`SPARK_PACKAGES`, by the job's file name under ``jobs/dev/``.
 JOB_PACKAGES: dict[str, tuple[str, ...]] = {"bench.py": (SPARK_AVRO,)}

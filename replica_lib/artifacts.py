@@ -1,21 +1,35 @@
-"""The JVM packages a replica job needs beyond pyspark, pinned with the Python dependencies in pyproject.toml.
+"""The JVM packages a replica job needs beyond pyspark, derived from the pinned Python packages.
 
-Spark resolves them itself through ``--packages`` (``spark-submit.sh``) or ``spark.jars.packages``
-(:func:`replica_lib.session.build_session`), with ``resources/ivysettings.xml`` (Maven Central only) and a cache
-under ``<state>/ivy``, so after the first run everything works offline.
+``pyproject.toml`` pins ``pyspark`` and ``delta-spark``, and nothing else names a version: Spark's Kafka source is
+Spark's own version, and Delta's jar is the delta-spark release built for that Spark (its artifact names the Spark
+minor version and Scala's). Spark resolves them itself through ``--packages`` (``spark-submit.sh``) or
+``spark.jars.packages`` (:func:`replica_lib.session.build_session`), with ``resources/ivysettings.xml`` (Maven
+Central only) and a cache under ``<state>/ivy``, so after the first run everything works offline.
 """
 
 from __future__ import annotations
 
+from importlib import metadata
 from pathlib import Path
 
-SPARK_VERSION = "4.0.0"
 SCALA_BINARY = "2.13"
-DELTA_VERSION = "4.0.0"
+
+
+def _installed(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:  # pragma: no cover - the project's install always has both
+        return "0.0.0"
+
+
+#: The Spark and Delta releases in use: those of the installed ``pyspark`` and ``delta-spark``.
+SPARK_VERSION = _installed("pyspark")
+DELTA_VERSION = _installed("delta-spark")
+SPARK_MINOR = ".".join(SPARK_VERSION.split(".")[:2])
 
 #: What Spark needs beyond pyspark: Delta and Spark's own Kafka source, for the same Spark and Scala version.
 SPARK_PACKAGES: tuple[str, ...] = (
-    f"io.delta:delta-spark_{SCALA_BINARY}:{DELTA_VERSION}",
+    f"io.delta:delta-spark_{SPARK_MINOR}_{SCALA_BINARY}:{DELTA_VERSION}",
     f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY}:{SPARK_VERSION}",
 )
 

@@ -75,8 +75,8 @@ class MaintenanceError(ReplicaError):
 class ConcurrentCommitError(ReplicaError):
     """Delta refused a commit because another commit on the same table won the race; the write may run again.
 
-    Delta's ``io.delta.exceptions.DeltaConcurrentModificationException`` and its kinds, made Python types: the
-    delta-spark 4.0.0 wheel ships without its own ``delta.exceptions`` (see :func:`replica_lib.merge.typed_conflicts`).
+    Delta's ``DeltaConcurrentModificationException`` and its kinds, as the project's own types whichever way they
+    reach Python (see :func:`replica_lib.merge.delta_conflict`), so callers catch them with the other errors here.
     """
 
 

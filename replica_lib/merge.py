@@ -251,18 +251,40 @@ _CONFLICTS: tuple[tuple[str, type[ConcurrentCommitError]], ...] = (
 def delta_conflict(exc: BaseException) -> ConcurrentCommitError | None:
     """``exc`` as the typed error of a commit Delta refused for a concurrent one (its causes too), else None.
 
-    delta-spark 4.0.0 ships without ``delta.exceptions`` (delta-io/delta#4755), whose patch of PySpark's error
-    conversion would raise Delta's conflicts as Python classes; so they reach Python as a ``Py4JJavaError``, and
-    the JVM exception's class is what tells them apart.
+    Importing ``delta.tables`` patches PySpark's error conversion so that a conflict thrown by a Delta call
+    arrives as a ``delta.exceptions`` class; a conflict that reaches Python another way (wrapped in another JVM
+    exception, or through a plain py4j call) arrives as a ``Py4JJavaError`` or a ``CapturedException`` holding
+    the JVM exception, whose class (and its causes' classes) tells the kinds apart.
     """
+    import delta.exceptions as delta_errors
     from py4j.java_gateway import is_instance_of
     from py4j.protocol import Py4JJavaError
     from pyspark import SparkContext
+    from pyspark.errors.exceptions.captured import CapturedException
 
-    if not isinstance(exc, Py4JJavaError) or SparkContext._gateway is None:
+    # delta.exceptions' classes are siblings, not a hierarchy: every other kind is a plain concurrent commit.
+    converted: tuple[tuple[type[BaseException], type[ConcurrentCommitError]], ...] = (
+        (delta_errors.ConcurrentAppendException, ConcurrentAppendError),
+        (delta_errors.ConcurrentDeleteReadException, ConcurrentDeleteReadError),
+        (delta_errors.ConcurrentDeleteDeleteException, ConcurrentDeleteDeleteError),
+        (delta_errors.ConcurrentTransactionException, ConcurrentCommitError),
+        (delta_errors.ConcurrentWriteException, ConcurrentCommitError),
+        (delta_errors.MetadataChangedException, ConcurrentCommitError),
+        (delta_errors.ProtocolChangedException, ConcurrentCommitError),
+        (delta_errors.DeltaConcurrentModificationException, ConcurrentCommitError),
+    )
+    for python_class, error in converted:
+        if isinstance(exc, python_class):
+            message = str(getattr(exc, "_desc", None) or python_class.__name__).strip().splitlines()
+            return error(message[0] if message else python_class.__name__)
+    if isinstance(exc, Py4JJavaError):
+        cause = exc.java_exception
+    elif isinstance(exc, CapturedException):
+        cause = getattr(exc, "_origin", None)
+    else:
         return None
-    gateway, cause = SparkContext._gateway, exc.java_exception
-    while cause is not None:
+    gateway = SparkContext._gateway
+    while cause is not None and gateway is not None:
         for jvm_class, error in _CONFLICTS:
             if is_instance_of(gateway, cause, jvm_class):
                 return error(str(cause.getMessage()).splitlines()[0])

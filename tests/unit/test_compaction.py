@@ -12,11 +12,17 @@ from functools import reduce
 
 import pytest
 from py4j.protocol import Py4JJavaError
+from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import SparkSession
 
 from replica_lib import merge
 from replica_lib.config import Target
-from replica_lib.errors import ConcurrentCommitError, ConcurrentDeleteReadError
+from replica_lib.errors import (
+    ConcurrentAppendError,
+    ConcurrentCommitError,
+    ConcurrentDeleteDeleteError,
+    ConcurrentDeleteReadError,
+)
 
 MIN_FILE_SIZE = "spark.databricks.delta.optimize.minFileSize"
 DELETE_READ = "[DELTA_CONCURRENT_DELETE_READ] This transaction attempted to read one or more files that were deleted"
@@ -80,7 +86,8 @@ def test_delta_conflicts_are_raised_as_their_kind(
         thrower(spark, jvm_class, "[DELTA_CONCURRENT] lost the race\nConflicting commit: {}")()
     assert type(raised.value) is error
     assert str(raised.value) == "[DELTA_CONCURRENT] lost the race"
-    assert isinstance(raised.value.__cause__, Py4JJavaError)
+    # As the JVM exception, or as Delta's Python class once delta.tables is imported (it converts them).
+    assert isinstance(raised.value.__cause__, (Py4JJavaError, CapturedException))
 
 
 def test_any_other_compaction_error_is_raised(spark: SparkSession, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,3 +95,27 @@ def test_any_other_compaction_error_is_raised(spark: SparkSession, monkeypatch: 
     _refuse(monkeypatch, thrower(spark, "java.lang.IllegalStateException", f"[DELTA_TABLE_NOT_FOUND] {DELETE_READ}"))
     with pytest.raises(Py4JJavaError, match="DELTA_TABLE_NOT_FOUND"):
         merge.compact_files(spark, Target(path="/r/orders"), 16 << 20)
+
+
+@pytest.mark.parametrize(
+    ("delta_class", "error"),
+    [
+        ("ConcurrentAppendException", ConcurrentAppendError),
+        ("ConcurrentDeleteReadException", ConcurrentDeleteReadError),
+        ("ConcurrentDeleteDeleteException", ConcurrentDeleteDeleteError),
+        ("ConcurrentTransactionException", ConcurrentCommitError),
+        ("MetadataChangedException", ConcurrentCommitError),
+    ],
+)
+def test_conflicts_converted_by_delta_python_are_raised_as_their_kind(
+    spark: SparkSession, delta_class: str, error: type[ConcurrentCommitError]
+) -> None:
+    # Importing delta.tables makes PySpark raise Delta's conflicts as these classes, built as Delta builds them.
+    from delta.exceptions import captured
+
+    converted = getattr(captured, delta_class)("[DELTA_CONCURRENT] lost the race\nConflicting commit", "at io...", None)
+    with pytest.raises(ConcurrentCommitError) as raised, merge.typed_conflicts():
+        raise converted
+    assert type(raised.value) is error
+    assert str(raised.value) == "[DELTA_CONCURRENT] lost the race"
+    assert raised.value.__cause__ is converted
