@@ -77,6 +77,7 @@ class BatchMetrics(StreamingQueryListener):
         self._writing = False
         self._closed = False
         self._writer: threading.Thread | None = None
+        self._terminated: set[str] = set()  # run ids whose QueryTerminatedEvent reached this listener
         #: The batch id of the last record emitted (a long-running replica keeps no history of its own).
         self.last_emitted: int | None = None
 
@@ -96,7 +97,9 @@ class BatchMetrics(StreamingQueryListener):
         pass
 
     def onQueryTerminated(self, event: Any) -> None:
-        pass
+        with self._cond:
+            self._terminated.add(str(event.runId))
+            self._cond.notify_all()
 
     def onQueryProgress(self, event: Any) -> None:
         progress = event.progress
@@ -130,13 +133,25 @@ class BatchMetrics(StreamingQueryListener):
         with self._cond:
             return self._cond.wait_for(done, timeout_s)
 
-    def close(self, last_batch: int | None, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
-        """Wait (bounded) for the report of ``last_batch`` and the last appends, then stop taking records."""
+    def close(self, last_batch: int | None, run_id: str, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Wait (bounded) for the report of ``last_batch``, the last appends and the end of run ``run_id``.
+
+        Spark posts a stopped query's last events asynchronously; a listener removed while one is on its way is
+        still called, and a call into a Python process that is exiting is logged by Spark as an ERROR. So the
+        listener leaves only once the query's termination event reached it and Spark's listener bus is empty.
+        """
         if last_batch is not None and not self.wait_for_batch(last_batch, timeout_s):
             logger.warning("replica %s: the metrics of batch %s were not all written", self.cfg.name, last_batch)
         with self._cond:
             self._closed = True
+            if not self._cond.wait_for(lambda: run_id in self._terminated, timeout_s):
+                logger.warning("replica %s: Spark did not report the end of run %s", self.cfg.name, run_id)
         self._session.streams.removeListener(self)
+        bus = self._session.sparkContext._jsc.sc().listenerBus()
+        try:
+            bus.waitUntilEmpty(int(timeout_s * 1000))
+        except Py4JError as exc:  # a timeout: other listeners are slow; ours was removed already
+            logger.debug("replica %s: Spark's listener bus still busy at close: %s", self.cfg.name, exc)
 
     def _start_writer(self) -> None:
         if self._writer is None or not self._writer.is_alive():

@@ -149,5 +149,5 @@ def run_replica(
         for sig, previous_handler in previous.items():
             signal.signal(sig, previous_handler)
         handler.close()
-        metrics.close(handler.last_batch)
+        metrics.close(handler.last_batch, str(query.runId))
     logger.info("replica %s stopped", cfg.name)
