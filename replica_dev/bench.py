@@ -686,7 +686,42 @@ def run_bench(spark: SparkSession, plan: BenchPlan, workdir: Path, bootstrap_ser
         run(report)
         logger.info("%s done in %.0fs", phase, time.monotonic() - started)
     report["ratios"] = ratios(report)
+    shape = batch_shape(spark)
+    if shape:
+        report["shape"] = shape
     return report
+
+
+def event_log_conf(folder: Path) -> dict[str, str]:
+    """Spark settings that write the run's event log, plain JSON in one file, for :func:`batch_shape`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return {
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": folder.resolve().as_uri(),
+        "spark.eventLog.compress": "false",
+        "spark.eventLog.rolling.enabled": "false",
+    }
+
+
+def batch_shape(spark: SparkSession) -> list[dict[str, Any]]:
+    """Per contender and phase: median Spark jobs, stages, tasks, and driver time per batch, from the event log.
+
+    The log is read as written so far (Spark flushes it as it goes); empty without an event log.
+    """
+    from urllib.parse import urlparse
+
+    from replica_dev.eventlog import read_batches, summary
+
+    if spark.conf.get("spark.eventLog.enabled", "false") != "true":
+        return []
+    folder = Path(str(urlparse(spark.conf.get("spark.eventLog.dir") or "").path))
+    log = folder / spark.sparkContext.applicationId
+    if not log.is_file():
+        candidates = sorted(folder.glob(f"{spark.sparkContext.applicationId}*"))
+        if not candidates:
+            return []
+        log = candidates[0]
+    return summary(read_batches(log))
 
 
 def ratios(report: dict[str, Any]) -> dict[str, float | None]:
@@ -741,6 +776,12 @@ def summary_lines(report: dict[str, Any]) -> Iterator[str]:
             yield f"growth, {keys} keys, {int(rows):>11,} rows: batch p50 {g['batch_p50_s']}s, max {g['batch_max_s']}s"
     for name, value in report.get("ratios", {}).items():
         yield f"{name}: {value}"
+    shape = report.get("shape")
+    if shape:
+        from replica_dev.eventlog import format_summary
+
+        yield "per batch, medians from Spark's event log (ms):"
+        yield from format_summary(shape)
 
 
 def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:

@@ -14,7 +14,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from jobs._cli import guarded, setup_logging
-from replica_dev.bench import CONTENDERS, BenchPlan, run_bench, summary_lines, write_report
+from replica_dev.bench import CONTENDERS, BenchPlan, event_log_conf, run_bench, summary_lines, write_report
 from replica_dev.embedded_kafka import EmbeddedKafka
 from replica_lib.config import local_settings
 from replica_lib.session import build_session
@@ -52,6 +52,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--bootstrap-servers", help="use this broker instead of starting one")
     parser.add_argument("--workdir", type=Path, help="tables and checkpoints (default: a new temporary folder)")
     parser.add_argument("--out", type=Path, help="where the JSON and PNG go (default: .state/bench)")
+    parser.add_argument(
+        "--no-event-log", action="store_true", help="do not write Spark's event log (jobs and driver time per batch)"
+    )
     args = parser.parse_args(argv)
     setup_logging()
     settings = local_settings()
@@ -62,7 +65,10 @@ def main(argv: list[str]) -> int:
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="replica-bench-"))
         out = args.out or settings.state_dir / "bench"
         print(f"working in {workdir}", flush=True)
-        spark = build_session("replica-bench", settings, extra={"spark.sql.streaming.numRecentProgressUpdates": "1000"})
+        extra = {"spark.sql.streaming.numRecentProgressUpdates": "1000"}
+        if not args.no_event_log:
+            extra |= event_log_conf(out / "eventlogs")
+        spark = build_session("replica-bench", settings, extra=extra)
         if args.bootstrap_servers:
             report = run_bench(spark, plan, workdir, args.bootstrap_servers)
         else:
