@@ -40,7 +40,7 @@ from replica_lib.merge import (
     merge_rows,
 )
 from replica_lib.monitor import GroupOffsets
-from replica_lib.ordering import current_versions, latest_per_key
+from replica_lib.ordering import current_versions, latest_per_key, one_per_key, unapplied
 from replica_lib.progress import Offsets, batch_end_offsets, checkpoint_generation
 from replica_lib.target import TableSchema, read_table, tombstone_target, version_columns
 
@@ -133,6 +133,7 @@ class _Decoded:
     rejected: int
     changes: dict[str, DataFrame]
     summaries: dict[str, _Summary]
+    ranked: frozenset[str]  # tables whose changes are one per key already (see ordering.one_per_key)
 
 
 class BatchHandler:
@@ -235,6 +236,7 @@ class BatchHandler:
         Each table's changes are checkpointed locally: that truncates the plan, so the later stages (and Delta's
         MERGE, which plans its source several times) do not analyse the decoding expressions again.
         """
+        ranked = {t.name for t in self.cfg.tables}
         with batch.stage("decode"):
             env_df = decode.envelopes(batch_df, self.cfg, self.schemas)
             alone = len(self.cfg.tables) == 1
@@ -244,13 +246,22 @@ class BatchHandler:
             for i, t in enumerate(self.cfg.tables):
                 # The first table's changes also hold the envelopes routed to no table (rejected).
                 changes_df = decode.table_changes(env_df, self.schemas[t.name], unrouted=i == 0, alone=alone)
-                changes[t.name], observed[t.name] = _observed(changes_df, self.schemas[t.name])
+                changes[t.name], observed[t.name] = _observed(changes_df, self.schemas[t.name], ranked=True)
             summaries = {name: _summary(o, self.schemas[name]) for name, o in observed.items()}
             env_df.unpersist()
+            for i, t in enumerate(self.cfg.tables):
+                if t.sequence_by is not None and summaries[t.name].tombstones:
+                    # A Kafka tombstone on a sequenced table inherits the seq of the changes before it and of the
+                    # table's row: the ranking needs every change, so this table's are decoded again, unranked.
+                    changes_df = decode.table_changes(
+                        decode.envelopes(batch_df, self.cfg, self.schemas), self.schemas[t.name], i == 0, alone
+                    )
+                    changes[t.name] = changes_df.localCheckpoint()
+                    ranked.discard(t.name)
         records = sum(s.records for s in summaries.values())
         rejected = sum(s.rejected for s in summaries.values())
         batch.stats.records = records
-        return _Decoded(records, rejected, changes, summaries)
+        return _Decoded(records, rejected, changes, summaries, frozenset(ranked))
 
     def _quarantine(self, batch: _Batch, decoded: _Decoded) -> None:
         with batch.stage("quarantine"):
@@ -269,10 +280,13 @@ class BatchHandler:
         with batch.stage(f"{table.name}: order"):
             rows_empty = self._empty(batch.spark, table.target)
             deletes_df = self._retained.of(batch.spark, schema, table_app, batch.batch_id)
-            winners = _winners(batch.spark, decoded.changes[table.name], summary, schema, deletes_df, rows_empty)
+            changes_df = decoded.changes[table.name]
+            ranked = table.name in decoded.ranked
+            winners = _winners(batch.spark, changes_df, summary, schema, deletes_df, rows_empty, ranked)
         if winners is None:
             return
-        applied = self._write(batch, table, schema, winners, rows_empty, summary.tombstones > 0)
+        # A ranked table's tombstones inherit no seq from the rows (see _winners), so its writes go side by side.
+        applied = self._write(batch, table, schema, winners, rows_empty, summary.tombstones > 0 and not ranked)
         if winners.deletes:
             self._retained.add(table.name, winners.df, schema)
         batch.stats.upserts += applied.upserted
@@ -440,8 +454,11 @@ class _Summary:
     records: int  # every change, valid or rejected
 
 
-def _observed(changes_df: DataFrame, schema: TableSchema) -> tuple[DataFrame, Observation]:
+def _observed(changes_df: DataFrame, schema: TableSchema, ranked: bool) -> tuple[DataFrame, Observation]:
     """Materialize a table's changes (a local checkpoint) and count them in the same job (an observation).
+
+    ``ranked``: what is materialized is the greatest version per key (:func:`replica_lib.ordering.one_per_key`),
+    ranked in the same job; the counts are still those of every change.
 
     The key bounds are observed as strings, which the summary casts back: an observation hands over dates,
     timestamps and decimals as Java objects, and the cast round trip is exact for every type of
@@ -462,6 +479,8 @@ def _observed(changes_df: DataFrame, schema: TableSchema) -> tuple[DataFrame, Ob
         F.max(F.when(ok & F.col("_tombstone"), key)).cast("string").alias("tombstone_high"),
         F.count(F.lit(1)).alias("records"),
     )
+    if ranked:
+        observed = one_per_key(observed, schema.table.keys)
     return observed.localCheckpoint(), observation
 
 
@@ -533,6 +552,7 @@ def _winners(
     schema: TableSchema,
     retained_df: DataFrame,
     rows_empty: bool,
+    ranked: bool = False,
 ) -> _Winners | None:
     """The changes of this batch that win and are newer than what the tables hold, one per key; None if none.
 
@@ -545,6 +565,9 @@ def _winners(
     delete that lost to the row, or a key upserted again since). That is harmless: what any change is checked
     against is the greatest version among a key's row and retained deletes. ``jobs/maintain.py`` drops the
     superseded ones (:func:`replica_lib.maintenance.compact_tombstones`).
+
+    ``ranked``: the changes are one per key already, ranked in the decode's job; they are only checked against
+    the retained deletes (an anti join), and no rows are read, as a ranked table's tombstones inherit no seq.
     """
     keys = list(schema.table.keys)
     version_cols = version_columns(schema.table.keys)
@@ -559,11 +582,14 @@ def _winners(
     if rows <= BROADCAST_ROWS:
         batch_keys = F.broadcast(batch_keys)
     states = [retained_df.join(batch_keys, keys, "left_semi")]
-    if summary.tombstones and not rows_empty:
+    if summary.tombstones and not rows_empty and not ranked:
         rows_df = read_table(spark, schema.table.target)
         if ranged:
             rows_df = rows_df.where(key.between(*summary.tombstone_keys))
         tombstone_keys = valid_df.where(F.col("_tombstone")).select(*keys).distinct()
         states.append(rows_df.join(F.broadcast(tombstone_keys), keys, "left_semi").select(*version_cols))
-    winners_df = latest_per_key(valid_df, keys, current_versions(keys, *states))
+    if ranked:  # one change per key already: only those newer than every known version of their key remain
+        winners_df = unapplied(valid_df, keys, reduce(DataFrame.unionByName, states))
+    else:
+        winners_df = latest_per_key(valid_df, keys, current_versions(keys, *states))
     return _Winners(winners_df.localCheckpoint(), rows, summary.deletes, key_range)

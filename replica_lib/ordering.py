@@ -97,3 +97,57 @@ def latest_per_key(changes_df: DataFrame, keys: Sequence[str], current_df: DataF
         )
         .drop("_rank", "_cur_seq", "_cur_partition", "_cur_offset")
     )
+
+
+def version_of(seq: Column, partition: Column, offset: Column) -> Column:
+    """A change's version as one orderable value: ``(seq, partition, offset)``, a missing seq lowest."""
+    return F.struct(
+        F.coalesce(seq, F.lit(_MIN_SEQ).cast("long")).alias("seq"),
+        partition.alias("partition"),
+        offset.alias("offset"),
+    )
+
+
+#: A rejected change's place in the log: what keeps it apart from every other record in :func:`one_per_key`.
+_COORDINATES = ("_topic", "_partition", "_offset")
+
+
+def one_per_key(changes_df: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """The greatest version per key among the valid changes, and one copy of each rejected record.
+
+    One aggregation (``max_by``, with a partial aggregation before its shuffle), so the decode's own job ranks the
+    batch: no window, no sort. It is the ranking of :func:`latest_per_key` wherever no Kafka tombstone inherits a
+    seq, i.e. on a table without ``sequence_by`` (every seq is null, the log position decides) or in a batch
+    without tombstones; a tombstone on a sequenced table needs the changes before it and the table's state.
+    Rejected records (``_error`` set) are grouped by their log coordinates, so copies of one record count once.
+    """
+    ok = F.col("_error").isNull()
+    group = [F.when(ok, F.col(f"`{k}`")).alias(f"_group_{i}") for i, k in enumerate(keys)]
+    group += [F.when(~ok, F.col(c)).alias(f"_group{c}") for c in _COORDINATES]
+    version = version_of(F.col("_seq"), F.col("_partition"), F.col("_offset"))
+    change = F.struct(*[F.col(f"`{c}`") for c in changes_df.columns])
+    ranked = changes_df.groupBy(*group).agg(F.max_by(change, version).alias("_change"))
+    return ranked.select(*[F.col("_change")[c].alias(c) for c in changes_df.columns])
+
+
+def unapplied(winners_df: DataFrame, keys: Sequence[str], states_df: DataFrame | None) -> DataFrame:
+    """The winners newer than every known version of their key.
+
+    ``states_df`` holds ``keys + _src_seq, _src_partition, _src_offset``, any number of rows per key (retained
+    deletes, rows); a winner that one of them equals or passes is dropped (an anti join: no ranking of states).
+    """
+    if states_df is None:
+        return winners_df
+    on = [winners_df[f"`{k}`"] == states_df[f"`{k}`"] for k in keys]
+    stale = ~newer(
+        winners_df["_seq"],
+        winners_df["_partition"],
+        winners_df["_offset"],
+        states_df["_src_seq"],
+        states_df["_src_partition"],
+        states_df["_src_offset"],
+    )
+    condition = on[0]
+    for term in [*on[1:], stale]:
+        condition = condition & term
+    return winners_df.join(states_df, condition, "left_anti")
