@@ -35,6 +35,7 @@ _TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
+_MERGE_DELETION_VECTORS = "spark.databricks.delta.merge.deletionVectors.persistent"
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,24 @@ def _source(winners_df: DataFrame, rows: int) -> DataFrame:
 
 BROADCAST_ROWS = 200_000
 
+#: A MERGE into a table of at most this size rewrites the files it touches; into a larger one it marks the rows it
+#: replaces with deletion vectors. Deletion vectors spare a large table's untouched rows from being rewritten, but
+#: each MERGE pays for them in Spark jobs of its own (seven, on a 20,000-row batch), which cost more than
+#: rewriting a small table outright. Rewriting touches at most this much, so about a second of I/O. Setting
+#: ``spark.databricks.delta.merge.deletionVectors.persistent`` in the job's Spark conf decides for every MERGE.
+REWRITE_MAX_BYTES = 64 << 20
+
+
+def _deletion_vectors(spark: SparkSession, target: Target) -> bool:
+    """Whether a MERGE into ``target`` now should write deletion vectors (see :data:`REWRITE_MAX_BYTES`).
+
+    The size comes from the snapshot's state, which the MERGE computes anyway to check its ``txnAppId``: asking
+    first costs no Spark job of its own.
+    """
+    # collect(), not first(): the detail is a local relation, which a limit would turn into a Spark job.
+    (size,) = delta_table(spark, target).detail().select("sizeInBytes").collect()
+    return int(size[0]) > REWRITE_MAX_BYTES
+
 
 def merge_rows(
     spark: SparkSession,
@@ -174,7 +193,10 @@ def merge_rows(
         on = on & key_range.condition()
     # The winners are materialized already (a local checkpoint, the same rows however often it is read); Delta
     # would otherwise copy them once more (to disk), as it does for any MERGE source that is not a Delta table.
-    with idempotent(spark, commit), _session_confs(spark, {_MATERIALIZE_SOURCE: "none"}):
+    confs = {_MATERIALIZE_SOURCE: "none"}
+    if spark.conf.get(_MERGE_DELETION_VECTORS, None) is None:  # a setting of the user's own stands
+        confs[_MERGE_DELETION_VECTORS] = str(_deletion_vectors(spark, target)).lower()
+    with idempotent(spark, commit), _session_confs(spark, confs):
         metrics = (
             delta_table(spark, target)
             .alias("t")

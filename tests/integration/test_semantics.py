@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from replica_dev.model import LoggedChange
-from replica_lib import stream
+from replica_lib import merge, stream
 from replica_lib.config import CompactionConfig, ReplicaConfig, Target
 from replica_lib.maintenance import compact_tombstones
 from replica_lib.merge import delta_table
@@ -53,6 +53,35 @@ def assert_matches_model(
 
 def rows_by_key(spark: SparkSession, cfg: ReplicaConfig, table: str = "orders") -> dict[int, dict[str, Any]]:
     return {row["order_id"]: row.asDict() for row in replica_df(spark, cfg, table).collect()}
+
+
+@pytest.mark.parametrize("deletion_vectors", [False, True], ids=["rewrite", "deletion-vectors"])
+def test_a_merge_rewrites_or_marks_the_rows_it_replaces_and_both_equal_the_model(
+    spark: SparkSession,
+    connection: dict[str, str],
+    topic_factory: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    deletion_vectors: bool,
+) -> None:
+    # The size above which a MERGE writes deletion vectors: 0 makes every MERGE write them, a huge one none.
+    monkeypatch.setattr(merge, "REWRITE_MAX_BYTES", 0 if deletion_vectors else 1 << 60)
+    topic = topic_factory(partitions=2)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "dvs", {"orders": orders_table(topic)})
+    log = produce(connection, topic, [upsert(k, 1, "v1") for k in range(40)])
+    run_available_now(spark, cfg)
+    changes = [upsert(k, 2, "v2") for k in range(0, 40, 3)] + [delete(k, 2) for k in range(1, 40, 5)]
+    changes += [upsert(k, 0, "stale") for k in range(2, 40, 7)] + [upsert(k, 1, "new") for k in range(40, 45)]
+    log += produce(connection, topic, changes)
+    run_available_now(spark, cfg)
+    assert_matches_model(spark, cfg, log)
+
+    last = delta_table(spark, cfg.table("orders").target).history(1).collect()[0]
+    assert last["operation"] == "MERGE"
+    metrics = last["operationMetrics"]
+    assert int(metrics["numTargetRowsUpdated"]) > 0 and int(metrics["numTargetRowsDeleted"]) > 0
+    assert (int(metrics.get("numTargetDeletionVectorsAdded", "0")) > 0) == deletion_vectors
+    assert (int(metrics.get("numTargetRowsCopied", "0")) > 0) == (not deletion_vectors)
 
 
 def test_ordering_deletes_and_duplicates_across_batches(
