@@ -37,6 +37,7 @@ from replica_dev.embedded_kafka import EmbeddedKafka
 from replica_dev.faults import CRASH_ENV, CRASH_POINTS
 from replica_dev.model import LoggedChange, fold
 from replica_lib.config import PROJECT_ROOT, load_replica
+from replica_lib.merge import MERGE_DELETION_VECTORS
 from replica_lib.producer import ChangeProducer
 from replica_lib.progress import last_committed_offsets
 from replica_lib.topics import TopicAdmin, TopicSpec
@@ -70,6 +71,9 @@ class ChaosPlan:
     kill_delay_s: tuple[float, float] = (0.2, 4.0)  # after the restarted job's first batch
     seed: int = 1
     launch_timeout_s: float = 240.0
+    #: None: each MERGE chooses (a table this small is rewritten); True or False: every MERGE writes deletion
+    #: vectors, or none (through the Spark conf that decides for every MERGE, see replica_lib.merge).
+    deletion_vectors: bool | None = None
 
     def __post_init__(self) -> None:
         unknown = [w for w in self.crash_windows if w not in CRASH_POINTS]
@@ -165,17 +169,20 @@ class _Producer(threading.Thread):
 class _Launch:
     """One run of ``spark-submit.sh jobs/materialize.py`` in its own process group, its output in a file."""
 
-    def __init__(self, conf: Path, log: Path, crash_at: str | None) -> None:
+    def __init__(self, conf: Path, log: Path, crash_at: str | None, deletion_vectors: bool | None = None) -> None:
         env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
         if crash_at:
             env[CRASH_ENV] = crash_at
         # Random kills hit the user's job itself; a crash window needs the dev job that carries the hook.
         job = "jobs/dev/faulty_replica.py" if crash_at else "jobs/materialize.py"
+        spark_options = []
+        if deletion_vectors is not None:
+            spark_options = ["--conf", f"{MERGE_DELETION_VECTORS}={str(deletion_vectors).lower()}"]
         self.log = log
         self.started = time.monotonic()
         with log.open("w") as out:
             self.proc = subprocess.Popen(
-                [str(PROJECT_ROOT / "spark-submit.sh"), job, str(conf)],
+                [str(PROJECT_ROOT / "spark-submit.sh"), *spark_options, job, str(conf)],
                 cwd=PROJECT_ROOT,
                 env=env,
                 stdout=out,
@@ -242,7 +249,8 @@ class _Scenario:
         self.launches: list[_Launch] = []
 
     def launch(self, crash_at: str | None = None) -> _Launch:
-        self.launches.append(_Launch(self.conf, self.workdir / f"launch-{len(self.launches) + 1:03d}.log", crash_at))
+        log = self.workdir / f"launch-{len(self.launches) + 1:03d}.log"
+        self.launches.append(_Launch(self.conf, log, crash_at, self.plan.deletion_vectors))
         return self.launches[-1]
 
     def stop_primary(self) -> None:

@@ -35,7 +35,8 @@ _TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
-_MERGE_DELETION_VECTORS = "spark.databricks.delta.merge.deletionVectors.persistent"
+#: The Spark conf that decides, when set, whether every MERGE writes deletion vectors (see REWRITE_MAX_BYTES).
+MERGE_DELETION_VECTORS = "spark.databricks.delta.merge.deletionVectors.persistent"
 
 
 @dataclass(frozen=True)
@@ -193,8 +194,8 @@ def merge_rows(
     # The winners are materialized already (a local checkpoint, the same rows however often it is read); Delta
     # would otherwise copy them once more (to disk), as it does for any MERGE source that is not a Delta table.
     confs = {_MATERIALIZE_SOURCE: "none"}
-    if spark.conf.get(_MERGE_DELETION_VECTORS, None) is None:  # a setting of the user's own stands
-        confs[_MERGE_DELETION_VECTORS] = str(_deletion_vectors(spark, target)).lower()
+    if spark.conf.get(MERGE_DELETION_VECTORS, None) is None:  # a setting of the user's own stands
+        confs[MERGE_DELETION_VECTORS] = str(_deletion_vectors(spark, target)).lower()
     with idempotent(spark, commit), _session_confs(spark, confs):
         metrics = (
             delta_table(spark, target)

@@ -34,6 +34,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rate", type=float, default=20.0, help="changes per second written (default 20)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workdir", type=Path, help="default: a new temporary folder")
+    parser.add_argument(
+        "--deletion-vectors",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="auto: each MERGE chooses (default); on/off: every MERGE writes deletion vectors, or none",
+    )
     args = parser.parse_args(argv)
     setup_logging()
     try:
@@ -44,6 +50,7 @@ def main(argv: list[str]) -> int:
             crash_windows=CRASH_POINTS * args.window_repeats,
             rate=args.rate,
             seed=args.seed,
+            deletion_vectors={"auto": None, "on": True, "off": False}[args.deletion_vectors],
         )
     except ValueError as exc:
         parser.error(str(exc))
