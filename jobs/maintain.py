@@ -1,6 +1,7 @@
 """Replica maintenance: ./spark-submit.sh jobs/maintain.py conf/orders_a.toml
 
-Drops retained deletes that no longer count or can no longer let a deleted key come back (see\nreplica_lib.maintenance).
+Folds the pending changes of merge-on-read tables into them (replica_lib.layout), and drops retained deletes that no
+longer count or can no longer let a deleted key come back (replica_lib.maintenance). Safe beside a running replica.
 """
 
 from __future__ import annotations
@@ -11,13 +12,17 @@ import sys
 
 from jobs._cli import guarded, setup_logging
 from replica_lib.config import load_replica, local_settings
+from replica_lib.layout import fold
 from replica_lib.maintenance import maintain
 from replica_lib.session import build_session
+from replica_lib.target import ensure_replica_tables
 from replica_lib.topics import TopicAdmin
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="maintain", description="Compact and purge a replica's retained deletes.")
+    parser = argparse.ArgumentParser(
+        prog="maintain", description="Fold a replica's pending changes; compact and purge its retained deletes."
+    )
     parser.add_argument("conf", help="the replica's file in conf/")
     args = parser.parse_args(argv)
     setup_logging()
@@ -32,6 +37,9 @@ def main(argv: list[str]) -> int:
                 cfg.name,
                 client.reason,
             )
+        for schema in ensure_replica_tables(spark, cfg).values():
+            if schema.table.merge_on_read:
+                print(f"{cfg.name}.{fold(spark, cfg.name, schema).line(schema.table.name)}")
         tidied = maintain(spark, cfg, None if client.settings is None else TopicAdmin(client.settings))
         for table, done in tidied.items():
             print(

@@ -22,16 +22,18 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 from pyspark.util import inheritable_thread_target
 
 from replica_lib import decode
 from replica_lib.config import ReplicaConfig, TableConfig, Target
+from replica_lib.errors import ConcurrentCommitError
+from replica_lib.layout import RANGE_TYPES, fold, pending_versions
 from replica_lib.merge import (
     BROADCAST_ROWS,
     Applied,
     Commit,
     KeyRange,
+    append_changes,
     append_quarantine,
     append_rows,
     append_tombstones,
@@ -42,12 +44,14 @@ from replica_lib.merge import (
 from replica_lib.monitor import GroupOffsets
 from replica_lib.ordering import current_versions, latest_per_key, one_per_key, unapplied
 from replica_lib.progress import Offsets, batch_end_offsets, checkpoint_generation
-from replica_lib.target import TableSchema, read_table, tombstone_target, version_columns
+from replica_lib.target import TableSchema, changes_target, read_table, tombstone_target, version_columns
 
 logger = logging.getLogger(__name__)
 
 #: The named points of a batch at which :attr:`BatchHooks.at` is called, in the order a batch passes them.
 HOOK_POINTS = ("before_batch", "after_quarantine", "after_tombstones", "after_commit", "after_compaction")
+#: With a merge-on-read table, a batch that folds it also passes ``replica_lib.layout.FOLD_POINTS``, after
+#: ``after_commit``.
 
 
 class StopRequested(Exception):
@@ -204,6 +208,7 @@ class BatchHandler:
             for table in self.cfg.tables:
                 self._apply(batch, decoded, table)
             self._at("after_commit", batch)
+            self._fold(batch)
             self._compact(batch)
         batch.stats.seconds = time.monotonic() - batch.stage.started
         logger.info(batch.stats.line(self.cfg.name))
@@ -246,8 +251,9 @@ class BatchHandler:
             for i, t in enumerate(self.cfg.tables):
                 # The first table's changes also hold the envelopes routed to no table (rejected).
                 changes_df = decode.table_changes(env_df, self.schemas[t.name], unrouted=i == 0, alone=alone)
-                changes[t.name], observed[t.name] = _observed(changes_df, self.schemas[t.name], ranked=True)
-            summaries = {name: _summary(o, self.schemas[name]) for name, o in observed.items()}
+                changes[t.name], observation, winners = _observed(changes_df, self.schemas[t.name], ranked=True)
+                observed[t.name] = (observation, winners)
+            summaries = {name: _summary(o, w, self.schemas[name]) for name, (o, w) in observed.items()}
             env_df.unpersist()
             for i, t in enumerate(self.cfg.tables):
                 if t.sequence_by is not None and summaries[t.name].tombstones:
@@ -275,6 +281,9 @@ class BatchHandler:
 
     def _apply(self, batch: _Batch, decoded: _Decoded, table: TableConfig) -> None:
         """Order one table's changes against what it holds, then write the winners."""
+        if table.merge_on_read:
+            self._log(batch, decoded, table)
+            return
         schema, summary = self.schemas[table.name], decoded.summaries[table.name]
         table_app = app_id(self.cfg.name, table.name, batch.generation)
         with batch.stage(f"{table.name}: order"):
@@ -291,6 +300,49 @@ class BatchHandler:
             self._retained.add(table.name, winners.df, schema)
         batch.stats.upserts += applied.upserted
         batch.stats.deletes += winners.count_deletes() if rows_empty else applied.deleted
+
+    def _log(self, batch: _Batch, decoded: _Decoded, table: TableConfig) -> None:
+        """Append a merge-on-read table's winners to its change log: nothing of the table is read.
+
+        Ranked in the decode's job, the winners are appended as they are; the state (:mod:`replica_lib.layout`)
+        and the fold rank them against what the table holds. Only a sequenced table's Kafka tombstones, which
+        inherit the seq of the state they delete, read the versions of their own keys first.
+        """
+        schema, summary = self.schemas[table.name], decoded.summaries[table.name]
+        if not summary.valid:
+            return
+        keys = list(table.keys)
+        changes_df = decode.valid(decoded.changes[table.name])
+        if table.name in decoded.ranked:
+            winners_df, upserts, deletes = changes_df, summary.ranked_upserts, summary.ranked_deletes
+        else:
+            with batch.stage(f"{table.name}: order"):
+                tombstone_keys = changes_df.where(F.col("_tombstone"))
+                states = pending_versions(batch.spark, table, tombstone_keys, batch.generation, batch.batch_id)
+                winners_df = latest_per_key(changes_df, keys, current_versions(keys, states)).localCheckpoint()
+                counts = {str(op): int(n) for op, n in winners_df.groupBy("_op").count().collect()}
+                upserts, deletes = int(counts.get("upsert", 0)), int(counts.get("delete", 0))
+        commit = Commit(app_id(self.cfg.name, table.name, batch.generation), batch.batch_id, batch.metadata)
+        with batch.stage(f"{table.name}: log"):
+            append_changes(changes_target(table), winners_df, schema, commit, batch.generation)
+        batch.stats.upserts += upserts
+        batch.stats.deletes += deletes
+
+    def _fold(self, batch: _Batch) -> None:
+        """Fold the merge-on-read tables whose turn it is (by batch id, as the compaction)."""
+        for table in self.cfg.tables:
+            every = table.fold_every_batches
+            if not table.merge_on_read or not every or (batch.batch_id + 1) % every:
+                continue
+            with batch.stage(f"{table.name}: fold"):
+                try:
+                    folded = fold(batch.spark, self.cfg.name, self.schemas[table.name], lambda p: self._at(p, batch))
+                except ConcurrentCommitError as conflict:  # a fold of the maintenance job won: the next one goes on
+                    logger.warning(
+                        "%s: fold %s lost to a concurrent commit: %s", batch.stage.label, table.name, conflict
+                    )
+                    continue
+            logger.info("%s: %s", batch.stage.label, folded.line(table.name))
 
     def _write(
         self,
@@ -349,6 +401,7 @@ class BatchHandler:
             return
         with batch.stage("compact"):
             targets = [t for table in self.cfg.tables for t in (table.target, tombstone_target(table))]
+            targets += [changes_target(table) for table in self.cfg.tables if table.merge_on_read]
             done = []
             for target in [*targets, self.cfg.quarantine]:
                 compacted = compact_files(batch.spark, target, self.cfg.compaction.small_file_mb << 20)
@@ -400,10 +453,6 @@ def _union(frames: list[DataFrame]) -> DataFrame:
     return result
 
 
-# Key types whose min/max Delta keeps as file statistics (so a key range can skip files).
-_RANGE_TYPES = (T.NumericType, T.StringType, T.DateType, T.TimestampType)
-
-
 @dataclass(frozen=True)
 class _Winners:
     """A table's winning changes of one batch (materialized), with what the writes need to know about them."""
@@ -452,17 +501,21 @@ class _Summary:
     keys: tuple[Column, Column]  # smallest and greatest first key column among the valid changes (literals)
     tombstone_keys: tuple[Column, Column]  # the same among the Kafka tombstones
     records: int  # every change, valid or rejected
+    ranked_upserts: int = 0  # of a ranked table (see _observed): the winning upserts and deletes, one per key
+    ranked_deletes: int = 0
 
 
-def _observed(changes_df: DataFrame, schema: TableSchema, ranked: bool) -> tuple[DataFrame, Observation]:
-    """Materialize a table's changes (a local checkpoint) and count them in the same job (an observation).
+def _observed(
+    changes_df: DataFrame, schema: TableSchema, ranked: bool
+) -> tuple[DataFrame, Observation, Observation | None]:
+    """Materialize a table's changes (a local checkpoint) and count them in the same job (observations).
 
     ``ranked``: what is materialized is the greatest version per key (:func:`replica_lib.ordering.one_per_key`),
-    ranked in the same job; the counts are still those of every change.
+    ranked in the same job; the first observation still counts every change, the second the winners.
 
     The key bounds are observed as strings, which the summary casts back: an observation hands over dates,
     timestamps and decimals as Java objects, and the cast round trip is exact for every type of
-    :data:`_RANGE_TYPES`.
+    :data:`RANGE_TYPES`.
     """
     ok, is_delete = F.col("_error").isNull(), F.col("_op") == "delete"
     key = F.col(f"`{schema.table.keys[0]}`")
@@ -479,15 +532,22 @@ def _observed(changes_df: DataFrame, schema: TableSchema, ranked: bool) -> tuple
         F.max(F.when(ok & F.col("_tombstone"), key)).cast("string").alias("tombstone_high"),
         F.count(F.lit(1)).alias("records"),
     )
+    winners = None
     if ranked:
-        observed = one_per_key(observed, schema.table.keys)
-    return observed.localCheckpoint(), observation
+        winners = Observation()
+        observed = one_per_key(observed, schema.table.keys).observe(
+            winners,
+            F.count(F.when(ok & (F.col("_op") == "upsert"), 1)).alias("upserts"),
+            F.count(F.when(ok & is_delete, 1)).alias("deletes"),
+        )
+    return observed.localCheckpoint(), observation, winners
 
 
-def _summary(observation: Observation, schema: TableSchema) -> _Summary:
+def _summary(observation: Observation, winners: Observation | None, schema: TableSchema) -> _Summary:
     """What the decode's job counted of one table's changes."""
     row = observation.get
     key_type = schema.key_schema.fields[0].dataType
+    ranked = winners.get if winners is not None else {"upserts": 0, "deletes": 0}
     return _Summary(
         int(row["valid"]),
         int(row["rejected"]),
@@ -496,6 +556,8 @@ def _summary(observation: Observation, schema: TableSchema) -> _Summary:
         (F.lit(row["low"]).cast(key_type), F.lit(row["high"]).cast(key_type)),
         (F.lit(row["tombstone_low"]).cast(key_type), F.lit(row["tombstone_high"]).cast(key_type)),
         int(row["records"]),
+        int(ranked["upserts"]),
+        int(ranked["deletes"]),
     )
 
 
@@ -576,7 +638,7 @@ def _winners(
     rows = summary.valid
     if rows == 0:
         return None
-    ranged = len(keys) == 1 and isinstance(schema.key_schema.fields[0].dataType, _RANGE_TYPES)
+    ranged = len(keys) == 1 and isinstance(schema.key_schema.fields[0].dataType, RANGE_TYPES)
     key_range = KeyRange(keys[0], *summary.keys) if ranged else None
     batch_keys = valid_df.select(*keys).distinct()
     if rows <= BROADCAST_ROWS:

@@ -32,6 +32,7 @@ A replica is one TOML file in ``conf/``::
     sequence_by = "seq"                     # optional
     schema = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING"
     target = { path = "${REPLICA_STATE_DIR}/warehouse/orders_a/orders" }   # or { table = "db.orders" }
+    layout = "copy-on-write"                # optional; or "merge-on-read" (with fold_every_batches = 10)
 
 ``${VAR}`` and ``${VAR:-default}`` take values from the environment, so secrets stay out of files
 (``REPLICA_DATA_DIR`` defaults to ``<state>/data``, where the example replicas keep tables); values of
@@ -61,6 +62,10 @@ _UNIT_S = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 _INTERVAL = re.compile(r"^(\d+\s+(milliseconds?|seconds?|minutes?|hours?)|\d+\.\d+\s+seconds?)$", re.I)
 _SECRET_HINTS = ("password", "secret", "jaas", "token", "key")
 FORMATS = ("native", "debezium")
+#: How a table keeps its state (``layout``): every batch MERGEd into the table, or appended to a change log that
+#: a fold MERGEs into the table now and then, with a view that always shows the state (replica_lib.layout).
+COPY_ON_WRITE, MERGE_ON_READ = "copy-on-write", "merge-on-read"
+LAYOUTS = (COPY_ON_WRITE, MERGE_ON_READ)
 
 
 # ---------------------------------------------------------------------------------------------- local settings
@@ -327,6 +332,14 @@ class TableConfig:
     sequence_by: str | None = None
     include_columns: tuple[str, ...] = ()
     exclude_columns: tuple[str, ...] = ()
+    layout: str = COPY_ON_WRITE
+    #: merge-on-read: the replica folds the change log into the table after every this-many-th batch (by batch
+    #: id); 0 leaves folding to ``jobs/maintain.py --fold``.
+    fold_every_batches: int = 10
+
+    @property
+    def merge_on_read(self) -> bool:
+        return self.layout == MERGE_ON_READ
 
 
 @dataclass(frozen=True)
@@ -616,10 +629,19 @@ def _parse_table(r: _Reader, name: str, doc: Any) -> TableConfig:
     if not isinstance(doc, dict):
         raise r.fail(where, "must be a table", f"write it as [{where}]")
     allowed = {"topic", "format", "keys", "sequence_by", "schema", "target", "include_columns", "exclude_columns"}
-    r.only(doc, where, allowed)
+    r.only(doc, where, allowed | {"layout", "fold_every_batches"})
     fmt = r.string(doc, "format", where, "native")
     if fmt not in FORMATS:
         raise r.fail(f"{where}.format", f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
+    layout = r.string(doc, "layout", where, COPY_ON_WRITE)
+    if layout not in LAYOUTS:
+        raise r.fail(f"{where}.layout", f"unknown layout {layout!r}", f'use "{COPY_ON_WRITE}" or "{MERGE_ON_READ}"')
+    if "fold_every_batches" in doc and layout != MERGE_ON_READ:
+        raise r.fail(
+            f"{where}.fold_every_batches",
+            f"only a {MERGE_ON_READ} table folds its change log",
+            f'remove fold_every_batches, or set layout = "{MERGE_ON_READ}"',
+        )
     if "target" not in doc:
         raise r.fail(f"{where}.target", "missing", 'set target = { path = "..." } or { table = "db.t" }')
     table = TableConfig(
@@ -632,6 +654,10 @@ def _parse_table(r: _Reader, name: str, doc: Any) -> TableConfig:
         target=r.target(doc["target"], f"{where}.target"),
         include_columns=r.names(doc, "include_columns", where, required=False),
         exclude_columns=r.names(doc, "exclude_columns", where, required=False),
+        layout=layout,
+        fold_every_batches=r.integer(
+            doc, "fold_every_batches", where, 10, 0, "e.g. fold_every_batches = 10 (0: only jobs/maintain.py folds)"
+        ),
     )
     if table.include_columns and table.exclude_columns:
         raise r.fail(where, "both include_columns and exclude_columns are set", "keep only one of them")
@@ -940,6 +966,13 @@ def tombstone_location(target: Target) -> Target:
     return Target(table=f"{target.table}__tombstones")
 
 
+def changes_location(target: Target) -> Target:
+    """Where a merge-on-read table's change log lives: ``<path>__changes`` or ``<name>__changes``."""
+    if target.path:
+        return Target(path=target.path.rstrip("/") + "__changes")
+    return Target(table=f"{target.table}__changes")
+
+
 def _location(path: str) -> str:
     """A path compared as a location: ``file:`` and trailing slashes dropped, ``.`` and ``..`` resolved."""
     if path.startswith("file://"):
@@ -970,6 +1003,8 @@ def _storage(cfg: ReplicaConfig) -> list[tuple[str, str, str]]:
         key = f"tables.{table.name}.target"
         places.append((f"table {table.name}", key, _place(table.target)))
         places.append((f"the retained deletes of {table.name}", key, _place(tombstone_location(table.target))))
+        if table.merge_on_read:
+            places.append((f"the change log of {table.name}", key, _place(changes_location(table.target))))
     places.append(("the quarantine table", "replica.quarantine", _place(cfg.quarantine)))
     if cfg.metrics is not None:
         places.append(("the metrics table", "replica.metrics", _place(cfg.metrics)))
@@ -989,7 +1024,8 @@ def _check_layout(cfg: ReplicaConfig) -> None:
                 raise r.fail(
                     key,
                     f"{what} and {other_what} share a location ({place})",
-                    "give every table a folder of its own, apart from the others and from their <path>__tombstones",
+                    "give every table a folder of its own, apart from the others and from their <path>__tombstones "
+                    "(and <path>__changes)",
                 )
     checkpoint = _location(cfg.checkpoint)
     for what, key, place in places:

@@ -235,6 +235,36 @@ def append_tombstones(target: Target, winners_df: DataFrame, schema: TableSchema
     )
 
 
+def append_changes(target: Target, winners_df: DataFrame, schema: TableSchema, commit: Commit, generation: str) -> None:
+    """Log a batch's winners in a merge-on-read table's change log (an idempotent append; see replica_lib.layout)."""
+    columns = [F.col(f"`{f.name}`") for f in schema.kept.fields]
+    provenance = [F.col(src[2:]).alias(name) for name, src in _PROVENANCE_SOURCES]
+    _append(
+        target,
+        winners_df.select(
+            *columns,
+            *provenance,
+            F.col("_op"),
+            F.lit(generation).alias("_generation"),
+            F.lit(commit.batch_id).cast("long").alias("_batch_id"),
+        ),
+        commit,
+    )
+
+
+def retire_changes(spark: SparkSession, target: Target, folded: Mapping[str, int]) -> None:
+    """Delete from a change log the changes a fold applied: per checkpoint generation, batches up to its mark.
+
+    Batch ids grow within a generation, so nothing appended after the fold read the log matches; deleting the same
+    changes again deletes nothing, so a fold killed before this point retires them when it runs again.
+    """
+    condition = " OR ".join(
+        f"(_generation = '{generation}' AND _batch_id <= {int(batch_id)})" for generation, batch_id in folded.items()
+    )
+    if condition:
+        delta_table(spark, target).delete(condition)
+
+
 def append_quarantine(target: Target, rows_df: DataFrame, commit: Commit) -> None:
     """Append rejected records to the quarantine table (an idempotent append)."""
     _append(target, rows_df, commit)

@@ -18,10 +18,11 @@ from pyspark.sql import DataFrame, SparkSession
 
 from replica_lib.config import ReplicaConfig, TableConfig
 from replica_lib.errors import ConfigError, NotAppliedError
+from replica_lib.layout import read_state
 from replica_lib.merge import delta_table
 from replica_lib.producer import Position
 from replica_lib.progress import Offsets, applied_offsets, last_committed_offsets
-from replica_lib.target import read_table, table_exists
+from replica_lib.target import applied_target, read_table, table_exists
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,9 @@ class Snapshot:
     offsets: Offsets  # topic -> partition -> next offset to apply
 
     def read(self, spark: SparkSession) -> DataFrame:
-        """The table's rows at exactly this version."""
+        """The table's rows at exactly this version (a merge-on-read table's state, its change log there)."""
+        if self.table.merge_on_read:
+            return read_state(spark, self.table, self.version)
         return read_table(spark, self.table.target, self.version)
 
     def applied(self, position: Position) -> bool:
@@ -58,7 +61,7 @@ def snapshot(spark: SparkSession, cfg: ReplicaConfig, table: str) -> Snapshot:
     if not table_exists(spark, config.target):
         return Snapshot(cfg, config, None, {})
     version = _latest_version(spark, config)
-    applied = applied_offsets(spark, config.target, version)
+    applied = applied_offsets(spark, applied_target(config), version)
     offsets: Offsets = {t: dict(parts) for t, parts in (applied.offsets if applied else {}).items()}
     for partition, offset in (finished or {}).get(config.topic, {}).items():
         parts = offsets.setdefault(config.topic, {})
@@ -129,7 +132,7 @@ def parse_position(text: str) -> Position:
 
 
 def _latest_version(spark: SparkSession, table: TableConfig) -> int:
-    row = delta_table(spark, table.target).history(1).select("version").first()
+    row = delta_table(spark, applied_target(table)).history(1).select("version").first()
     assert row is not None
     return int(row[0])
 

@@ -23,6 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from replica_lib.batch import BatchHandler, BatchHooks, BatchStats
 from replica_lib.config import ReplicaConfig, Target
 from replica_lib.errors import ConfigError, RebuildError
+from replica_lib.layout import fold
 from replica_lib.progress import Offsets, path_exists, read_text, write_text
 from replica_lib.recovery import lock_checkpoint
 from replica_lib.source import check_reachable
@@ -193,6 +194,10 @@ def rebuild(
             root,
             ", ".join(f"{t}:" + ",".join(f"{p}={o}" for p, o in sorted(e.items())) for t, e in the_plan.ends.items()),
         )
-        return handler.apply(read_range(session, shadow, the_plan.ends), 0, the_plan.ends, the_plan.generation)
+        stats = handler.apply(read_range(session, shadow, the_plan.ends), 0, the_plan.ends, the_plan.generation)
+        for schema in schemas.values():
+            if schema.table.merge_on_read:  # the rebuilt table holds its state itself, as a reader expects
+                logger.info("rebuild %s: %s", shadow.name, fold(session, shadow.name, schema).line(schema.table.name))
+        return stats
     finally:
         handler.close()

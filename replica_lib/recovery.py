@@ -36,7 +36,15 @@ from replica_lib.progress import (
     read_text,
     write_text,
 )
-from replica_lib.target import PROVENANCE_COLUMNS, read_table, table_exists, table_id, tombstone_target
+from replica_lib.target import (
+    PROVENANCE_COLUMNS,
+    applied_target,
+    changes_target,
+    read_table,
+    table_exists,
+    table_id,
+    tombstone_target,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +130,7 @@ def check_checkpoint(spark: SparkSession, cfg: ReplicaConfig) -> None:
             "use an empty folder for replica.checkpoint"
         )
     _check_keys(spark, cfg)
+    _check_pending(spark, cfg)
     committed = last_committed_offsets(spark, cfg.checkpoint)
     if owner is None or committed is None:
         return  # nothing applied yet (or a new checkpoint): any table will do, missing ones are created
@@ -143,7 +152,11 @@ def _table_problem(
     if table.name not in owner.get("tables", []):
         return f"table {table.name} is new to it (it wrote {', '.join(owner.get('tables', []))})"
     for label, target in _targets(table):
-        what = f"table {table.name}" if label == table.name else f"the retained deletes of {table.name}"
+        if label == f"{table.name}__changes" and label not in recorded:
+            continue  # the table became merge-on-read: its change log is new, and created empty
+        what = {table.name: f"table {table.name}", f"{table.name}__changes": f"the change log of {table.name}"}.get(
+            label, f"the retained deletes of {table.name}"
+        )
         current = table_id(spark, target)
         if current is None:
             return f"{what} ({target.describe()}) does not exist"
@@ -160,7 +173,10 @@ def _table_problem(
 
 def _targets(table: TableConfig) -> list[tuple[str, Target]]:
     """A table's Delta tables, labelled as in the owner file's ``table_ids``."""
-    return [(table.name, table.target), (f"{table.name}__tombstones", tombstone_target(table))]
+    targets = [(table.name, table.target), (f"{table.name}__tombstones", tombstone_target(table))]
+    if table.merge_on_read:
+        targets.append((f"{table.name}__changes", changes_target(table)))
+    return targets
 
 
 def _empty(spark: SparkSession, target: Target) -> bool:
@@ -183,6 +199,22 @@ def _check_keys(spark: SparkSession, cfg: ReplicaConfig) -> None:
                 f"restore keys = {json.dumps(built)}; or rebuild the replica with the new keys (they regroup every "
                 f"row): new table locations and a new, empty replica.checkpoint folder",
             )
+
+
+def _check_pending(spark: SparkSession, cfg: ReplicaConfig) -> None:
+    """Refuse a copy-on-write table whose change log (from when it was merge-on-read) still holds changes."""
+    for table in cfg.tables:
+        log = changes_target(table)
+        if table.merge_on_read or not table_exists(spark, log) or _empty(spark, log):
+            continue
+        raise ConfigError(
+            cfg.source_file,
+            f"tables.{table.name}.layout",
+            f"{log.describe()} holds changes not yet folded into {table.target.describe()}: as copy-on-write the "
+            "table would go on without them",
+            f'set layout = "merge-on-read" again and fold them (./spark-submit.sh jobs/maintain.py '
+            f"{cfg.source_file}), then switch",
+        )
 
 
 def claim_checkpoint(spark: SparkSession, cfg: ReplicaConfig) -> None:
@@ -223,7 +255,8 @@ def _table_offsets(spark: SparkSession, cfg: ReplicaConfig) -> Offsets | None:
     for topic in cfg.topics:
         per_table = []
         for table in (t for t in cfg.tables if t.topic == topic):
-            applied = applied_offsets(spark, table.target) if table_exists(spark, table.target) else None
+            target = applied_target(table)
+            applied = applied_offsets(spark, target) if table_exists(spark, target) else None
             if applied is None or applied.replica != cfg.name or topic not in applied.offsets:
                 return None  # some table has nothing to resume from: replay from the configured start
             per_table.append(applied.offsets[topic])

@@ -26,9 +26,10 @@ from pyspark.sql import types as T
 
 from replica_lib.config import ReplicaConfig, TableConfig
 from replica_lib.errors import TopicError
+from replica_lib.layout import read_state
 from replica_lib.merge import delta_table
 from replica_lib.progress import newest_commit
-from replica_lib.target import read_table, table_exists, tombstone_target
+from replica_lib.target import applied_target, read_table, table_exists, tombstone_target
 from replica_lib.topics import TopicAdmin
 
 
@@ -207,14 +208,14 @@ def _table_status(
 def _read_table(spark: SparkSession, cfg: ReplicaConfig, table: TableConfig) -> dict[str, Any]:
     """What one table says of itself: version, rows, newest event, newest replica commit, quarantined records."""
     event_s = F.unix_micros(F.max("_src_event_ts")) / 1e6
-    rows_row = read_table(spark, table.target).agg(F.count(F.lit(1)).alias("rows"), event_s.alias("event_s")).first()
+    rows_row = read_state(spark, table).agg(F.count(F.lit(1)).alias("rows"), event_s.alias("event_s")).first()
     assert rows_row is not None
     events = [rows_row["event_s"]]
     deletes = tombstone_target(table)
     if table_exists(spark, deletes):  # a delete is a change too: its event time is kept with it
         events.append(read_table(spark, deletes).agg(event_s).first()[0])  # type: ignore[index]
     version_row = delta_table(spark, table.target).history(1).select("version").first()
-    commit = newest_commit(spark, table.target, cfg.name)
+    commit = newest_commit(spark, applied_target(table), cfg.name)
     quarantined = None
     if table_exists(spark, cfg.quarantine):
         mine = (F.col("replica") == cfg.name) & (F.col("table") == table.name)

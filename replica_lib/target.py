@@ -12,6 +12,7 @@ from replica_lib.config import (
     ReplicaConfig,
     TableConfig,
     Target,
+    changes_location,
     check_table_schema,
     schema_json,
     tombstone_location,
@@ -44,6 +45,15 @@ TOMBSTONE_EXTRA = T.StructType(
         T.StructField("_deleted_at", T.TimestampType()),
         T.StructField("_app_id", T.StringType()),
         T.StructField("_batch_id", T.LongType()),
+    ]
+)
+
+#: Extra columns of a change log row (a merge-on-read table's pending change: the row as it would be applied).
+CHANGE_EXTRA = T.StructType(
+    [
+        T.StructField("_op", T.StringType()),  # upsert or delete (a delete's other columns are null)
+        T.StructField("_generation", T.StringType()),  # the checkpoint generation that appended it
+        T.StructField("_batch_id", T.LongType()),  # its batch in that generation (what a fold retires by)
     ]
 )
 
@@ -81,6 +91,10 @@ class TableSchema:
         return T.StructType(list(self.kept.fields) + list(PROVENANCE.fields))
 
     @property
+    def changes_schema(self) -> T.StructType:
+        return T.StructType(list(self.replica_schema.fields) + list(CHANGE_EXTRA.fields))
+
+    @property
     def tombstone_schema(self) -> T.StructType:
         return T.StructType(list(self.key_schema.fields) + list(PROVENANCE.fields) + list(TOMBSTONE_EXTRA.fields))
 
@@ -103,6 +117,20 @@ def table_schema(table: TableConfig, source_file: str) -> TableSchema:
 def tombstone_target(table: TableConfig) -> Target:
     """Where a table's retained tombstones live: beside it, as ``<path>__tombstones`` or ``<name>__tombstones``."""
     return tombstone_location(table.target)
+
+
+def changes_target(table: TableConfig) -> Target:
+    """Where a merge-on-read table's change log lives: beside it, as ``<path>__changes`` or ``<name>__changes``."""
+    return changes_location(table.target)
+
+
+def applied_target(table: TableConfig) -> Target:
+    """The Delta table whose commits record each batch the replica applied to ``table`` (with its offsets).
+
+    Copy-on-write: the table itself. Merge-on-read: its change log, which every batch appends to; the table's own
+    commits (folds) record the offsets of the last batch they folded.
+    """
+    return changes_target(table) if table.merge_on_read else table.target
 
 
 def read_table(spark: SparkSession, target: Target, version: int | None = None) -> DataFrame:
@@ -184,6 +212,13 @@ def ensure_replica_tables(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, 
             schema.tombstone_schema,
             f"replica {cfg.name}: retained deletes of {table.name}",
         )
+        if table.merge_on_read:
+            ensure_table(
+                spark,
+                changes_target(table),
+                schema.changes_schema,
+                f"replica {cfg.name}: changes of {table.name} not yet folded into it",
+            )
         schemas[table.name] = schema
     ensure_table(spark, cfg.quarantine, QUARANTINE_SCHEMA, f"replica {cfg.name}: records that could not be applied")
     return schemas

@@ -16,8 +16,9 @@ from pyspark.sql import functions as F
 
 from replica_lib.config import ReplicaConfig, TableConfig
 from replica_lib.errors import VerifyError
+from replica_lib.layout import read_state
 from replica_lib.progress import applied_offsets
-from replica_lib.target import read_table, table_exists
+from replica_lib.target import applied_target, table_exists
 
 #: Buckets of keys the fingerprints are summed in.
 BUCKETS = 1024
@@ -115,8 +116,8 @@ def compare_tables(
                 f"replica {cfg.name} has no table {table.name} at {table.target.describe()} yet: run it (or the "
                 "rebuild) first"
             )
-    lapplied = applied_offsets(spark, ltable.target)
-    rapplied = applied_offsets(spark, rtable.target)
+    lapplied = applied_offsets(spark, applied_target(ltable))
+    rapplied = applied_offsets(spark, applied_target(rtable))
     lat, rat = (lapplied.offsets if lapplied else {}), (rapplied.offsets if rapplied else {})
     if lat != rat:
         raise VerifyError(
@@ -124,7 +125,7 @@ def compare_tables(
             f"{rcfg.name}.{rtable.name} at {_offsets(rat)}; rebuild one with --until at the other's offsets "
             "(or let both drain the log) to compare them"
         )
-    return compare(read_table(spark, ltable.target), read_table(spark, rtable.target), list(ltable.keys))
+    return compare(read_state(spark, ltable), read_state(spark, rtable), list(ltable.keys))
 
 
 def _offsets(offsets: dict[str, dict[int, int]]) -> str:

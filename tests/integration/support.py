@@ -14,9 +14,10 @@ from replica_dev.conf import orders_table as orders_table  # re-exported for the
 from replica_dev.conf import replica_doc
 from replica_dev.model import LoggedChange, fold
 from replica_lib.config import ReplicaConfig, parse_replica
+from replica_lib.layout import read_state
 from replica_lib.producer import Change, ChangeProducer, ProducerSettings
 from replica_lib.stream import start_replica
-from replica_lib.target import read_table, table_schema
+from replica_lib.target import table_schema
 
 RUN_TIMEOUT_S = 300
 
@@ -51,8 +52,8 @@ def run_available_now(spark: SparkSession, cfg: ReplicaConfig) -> None:
 
 
 def replica_df(spark: SparkSession, cfg: ReplicaConfig, table: str) -> DataFrame:
-    """The replica table without the event-time column (checked separately), ordered for comparison."""
-    return read_table(spark, cfg.table(table).target).drop("_src_event_ts")
+    """The replica table's state (a merge-on-read table's view) without the event-time column (checked apart)."""
+    return read_state(spark, cfg.table(table)).drop("_src_event_ts")
 
 
 def expected_df(spark: SparkSession, cfg: ReplicaConfig, table: str, events: Iterable[LoggedChange]) -> DataFrame:

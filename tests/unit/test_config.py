@@ -221,6 +221,18 @@ OFFSETS_FIX = """e.g. "earliest", or per partition '{"orders": {"0": 42, "1": -2
         (("compaction", "small_file_mb"), 0, "compaction.small_file_mb", "e.g. small_file_mb = 16"),
         (("compaction", "small_file_mb"), 1.5, "compaction.small_file_mb", "e.g. small_file_mb = 16"),
         (("tables", "orders", "format"), "avro", "tables.orders.format", "use one of native, debezium"),
+        (
+            ("tables", "orders", "layout"),
+            "mor",
+            "tables.orders.layout",
+            'use "copy-on-write" or "merge-on-read"',
+        ),
+        (
+            ("tables", "orders", "fold_every_batches"),
+            5,
+            "tables.orders.fold_every_batches",
+            'remove fold_every_batches, or set layout = "merge-on-read"',
+        ),
         (("tables", "orders", "keys"), [], "tables.orders.keys", "name at least one key column"),
         (("tables", "orders", "keys"), "order_id", "tables.orders.keys", '["col", ...]'),
         (("tables", "orders", "keys"), ["order id"], "tables.orders.keys", '["col", ...]'),
@@ -254,6 +266,25 @@ def test_bad_values_name_key_and_fix(path: tuple[str, ...], value: Any, key: str
 def test_compaction_can_be_tuned_or_turned_off() -> None:
     cfg = parse_replica(with_value(("compaction",), {"every_batches": 0, "small_file_mb": 64}), SOURCE, {})
     assert cfg.compaction == CompactionConfig(every_batches=0, small_file_mb=64)
+
+
+def test_a_merge_on_read_table_folds_every_ten_batches_unless_told() -> None:
+    doc = with_value(("tables", "orders", "layout"), "merge-on-read")
+    table = parse_replica(doc, SOURCE, {}).table("orders")
+    assert (table.merge_on_read, table.fold_every_batches) == (True, 10)
+    doc["tables"]["orders"]["fold_every_batches"] = 0
+    assert parse_replica(doc, SOURCE, {}).table("orders").fold_every_batches == 0
+    doc["tables"]["orders"]["fold_every_batches"] = -1
+    assert config_error(doc).key == "tables.orders.fold_every_batches"
+    assert not parse_replica(base_doc(), SOURCE, {}).table("orders").merge_on_read
+
+
+def test_a_change_log_may_not_share_a_place_with_another_table() -> None:
+    doc = with_value(("tables", "orders", "layout"), "merge-on-read")
+    doc["tables"]["orders_changes"] = {**doc["tables"]["orders"], "target": {"path": "/t/orders__changes"}}
+    doc["tables"]["orders_changes"].pop("layout")
+    err = config_error(doc)
+    assert err.key == "tables.orders_changes.target" and "the change log of orders" in err.problem
 
 
 def test_both_include_and_exclude_columns_is_an_error() -> None:

@@ -1,0 +1,229 @@
+"""Merge-on-read: a table's batches go to a change log, a fold applies them to the table, a view shows the state.
+
+A merge-on-read table is three Delta tables: the **base** (the table's rows as of the last fold, what a
+copy-on-write table holds), its **change log** (``<target>__changes``: each batch's winning change per key,
+appended without reading anything) and its retained deletes (as for copy-on-write). A batch costs an append.
+The **state** is the greatest version per key among the base row, the pending changes and the retained deletes,
+where it is not a delete: :func:`state_sql` says so in SQL, and any engine that reads Delta can run it.
+
+The **fold** applies the pending changes to the base with the same version-gated MERGE as copy-on-write, then
+deletes them from the change log. Every step is safe to repeat: the MERGE and the tombstone append are idempotent
+writes keyed by the change log's version, and the retirement deletes changes that the base already holds. Until a
+fold retires them, the view ranks the pending changes against the base, so a fold killed at any point never shows
+readers a wrong state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from replica_lib.config import TableConfig, Target
+from replica_lib.merge import (
+    Commit,
+    KeyRange,
+    append_tombstones,
+    delta_table,
+    merge_rows,
+    retire_changes,
+    typed_conflicts,
+)
+from replica_lib.ordering import one_per_key, unapplied
+from replica_lib.progress import applied_offsets
+from replica_lib.target import (
+    PROVENANCE_COLUMNS,
+    TableSchema,
+    changes_target,
+    read_table,
+    table_schema,
+    tombstone_target,
+    version_columns,
+)
+
+logger = logging.getLogger(__name__)
+
+#: The named points of a fold, in order, for the fault harness (see ``replica_lib.batch.BatchHooks``).
+FOLD_POINTS = ("after_fold_tombstones", "after_fold_merge")
+
+# Key types whose min/max Delta keeps as file statistics (so a key range can skip files).
+RANGE_TYPES = (T.NumericType, T.StringType, T.DateType, T.TimestampType)
+
+
+def _quote(name: str) -> str:
+    return f"`{name}`"
+
+
+def state_sql(schema: TableSchema, base: str, changes: str, tombstones: str) -> str:
+    """The state of a merge-on-read table as one SQL query over its three tables (names or ``delta.`path```).
+
+    Keys without pending changes read the base as it is (no ranking, no shuffle of the base); only the keys
+    that have some are ranked, among their pending changes, base row and retained deletes.
+    """
+    keys = list(schema.table.keys)
+    columns = [f.name for f in schema.replica_schema.fields]
+    cols = ", ".join(_quote(c) for c in columns)
+    key_list = ", ".join(_quote(k) for k in keys)
+
+    def same_key(alias: str) -> str:
+        return " AND ".join(f"p.{_quote(k)} = {alias}.{_quote(k)}" for k in keys)
+
+    as_delete = ", ".join(
+        _quote(f.name)
+        if f.name in keys or f.name in PROVENANCE_COLUMNS
+        else f"CAST(NULL AS {f.dataType.simpleString()}) AS {_quote(f.name)}"
+        for f in schema.replica_schema.fields
+    )
+    b_pending, d_pending = (f"EXISTS (SELECT 1 FROM pending_keys p WHERE {same_key(a)})" for a in "bd")
+    return f"""WITH pending AS (SELECT {cols}, _op FROM {changes}),
+pending_keys AS (SELECT DISTINCT {key_list} FROM pending),
+candidates AS (
+  SELECT {cols}, _op FROM pending
+  UNION ALL
+  SELECT {cols}, 'upsert' AS _op FROM {base} b WHERE {b_pending}
+  UNION ALL
+  SELECT {as_delete}, 'delete' AS _op FROM {tombstones} d WHERE {d_pending}
+),
+ranked AS (
+  SELECT *, ROW_NUMBER() OVER (
+    PARTITION BY {key_list} ORDER BY _src_seq DESC NULLS LAST, _src_partition DESC, _src_offset DESC
+  ) AS _rank
+  FROM candidates
+)
+SELECT {cols} FROM {base} b WHERE NOT {b_pending}
+UNION ALL
+SELECT {cols} FROM ranked WHERE _rank = 1 AND _op = 'upsert'"""
+
+
+def read_state(spark: SparkSession, table: TableConfig, changes_version: int | None = None) -> DataFrame:
+    """A table's state: a copy-on-write table's rows, a merge-on-read table's :func:`state_sql`.
+
+    ``changes_version``: read a merge-on-read table's change log at that version (the base and the retained
+    deletes as they are now, which is exact: a fold writes those before it retires the changes it applied).
+    """
+    if not table.merge_on_read:
+        return read_table(spark, table.target)
+    changes = changes_target(table).describe()
+    if changes_version is not None:
+        changes = f"{changes} VERSION AS OF {int(changes_version)}"
+    schema = table_schema(table, "")  # validated with the config already
+    return spark.sql(state_sql(schema, table.target.describe(), changes, tombstone_target(table).describe()))
+
+
+@dataclass(frozen=True)
+class Folded:
+    """What one fold did: the change log version it folded, the changes applied and the rows they changed."""
+
+    version: int | None  # the change log's version of the last batch folded; None if nothing was pending
+    keys: int = 0  # keys with pending changes
+    upserted: int = 0
+    deleted: int = 0
+
+    def line(self, table: str) -> str:
+        if self.version is None:
+            return f"fold {table}: nothing pending"
+        return (
+            f"fold {table}: changes of {self.keys} keys up to change log version {self.version}: "
+            f"{self.upserted} rows upserted, {self.deleted} deleted, the changes retired"
+        )
+
+
+def fold_app_id(replica: str, table: str) -> str:
+    """Delta ``txnAppId`` of a table's folds (every checkpoint generation's changes fold under it)."""
+    return f"replica:{replica}:{table}:fold"
+
+
+def fold(
+    spark: SparkSession,
+    replica: str,
+    schema: TableSchema,
+    at: Callable[[str], None] | None = None,
+) -> Folded:
+    """Apply a merge-on-read table's pending changes to its base, then retire them from the change log.
+
+    The writes are keyed by the change log's version of the newest batch folded (``txnVersion``): a fold that
+    is run again after a crash skips what it committed. Safe beside a running replica, which only appends to the
+    change log; two folds at once may conflict, and the loser's changes are folded by the next fold.
+    """
+    table = schema.table
+    log = changes_target(table)
+    latest = delta_table(spark, log).history(1).select("version").first()
+    assert latest is not None
+    pending = read_table(spark, log, int(latest[0]))
+    marks = {
+        str(row["_generation"]): int(row["_batch_id"])
+        for row in pending.groupBy("_generation").agg(F.max("_batch_id").alias("_batch_id")).collect()
+    }
+    if not marks:
+        return Folded(None)
+    applied = applied_offsets(spark, log, int(latest[0]))
+    assert applied is not None, f"{log.describe()} holds changes but no commit of a replica"
+    metadata = {
+        "replica": applied.replica,
+        "batch_id": applied.batch_id,
+        "generation": applied.generation,
+        "offsets": {t: {str(p): o for p, o in parts.items()} for t, parts in applied.offsets.items()},
+        "folded": applied.version,
+    }
+    keys = list(table.keys)
+    changes = pending.select(
+        *[F.col(_quote(f.name)) for f in schema.kept.fields],
+        *[F.col(name).alias(name.replace("_src", "", 1)) for name in PROVENANCE_COLUMNS],
+        F.col("_op"),
+        F.lit(False).alias("_tombstone"),
+        F.lit(None).cast("string").alias("_error"),
+    )
+    winners = one_per_key(changes, keys).localCheckpoint()
+    counted = winners.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.min(F.col(_quote(keys[0]))).cast("string").alias("low"),  # cast after: a string orders otherwise
+        F.max(F.col(_quote(keys[0]))).cast("string").alias("high"),
+    ).first()
+    assert counted is not None
+    rows = int(counted["rows"])
+    key_type = schema.key_schema.fields[0].dataType
+    key_range = None
+    if len(keys) == 1 and isinstance(key_type, RANGE_TYPES):
+        key_range = KeyRange(keys[0], F.lit(counted["low"]).cast(key_type), F.lit(counted["high"]).cast(key_type))
+    # A late upsert older than a retained delete of its key must not bring the row back; a delete always goes
+    # to the MERGE, which deletes the row only if the delete is newer (and a re-run finds its own retained copy).
+    retained = read_table(spark, tombstone_target(table)).select(*version_columns(table.keys))
+    upserts = winners.where(F.col("_op") == "upsert")
+    retained = retained.join(F.broadcast(upserts.select(*keys)), keys, "left_semi")
+    gated = unapplied(upserts, keys, retained).unionByName(winners.where(F.col("_op") == "delete")).localCheckpoint()
+
+    app = fold_app_id(replica, table.name)
+    with typed_conflicts():
+        tombstones = Commit(f"{app}:tombstones", applied.version, metadata)
+        append_tombstones(tombstone_target(table), gated, schema, tombstones)
+        if at is not None:
+            at(FOLD_POINTS[0])
+        merged = merge_rows(spark, table.target, gated, schema, Commit(app, applied.version, metadata), rows, key_range)
+        if at is not None:
+            at(FOLD_POINTS[1])
+        retire_changes(spark, log, marks)
+    return Folded(applied.version, rows, merged.upserted, merged.deleted)
+
+
+def pending_versions(
+    spark: SparkSession, table: TableConfig, keys_df: DataFrame, generation: str, batch_id: int
+) -> DataFrame:
+    """Every known version of the keys in ``keys_df`` (base row, pending changes, retained deletes), as
+    ``keys + _src_partition, _src_offset, _src_seq``: what a Kafka tombstone's seq is inherited from.
+
+    The changes of batch ``batch_id`` of ``generation`` itself are left out, so that its re-run decides the same.
+    """
+    keys = list(table.keys)
+    columns = version_columns(table.keys)
+    own = (F.col("_generation") == generation) & (F.col("_batch_id") == batch_id)
+    sources: list[Target] = [table.target, tombstone_target(table)]
+    frames = [read_table(spark, target).select(*columns) for target in sources]
+    frames.append(read_table(spark, changes_target(table)).where(~own).select(*columns))
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+    return union.join(F.broadcast(keys_df.select(*keys).distinct()), keys, "left_semi")
