@@ -34,12 +34,14 @@ from pyspark.sql import SparkSession
 from replica_dev import loadgen
 from replica_dev.conf import orders_table, replica_doc, write_replica
 from replica_dev.embedded_kafka import EmbeddedKafka
-from replica_dev.faults import CRASH_ENV, CRASH_POINTS
+from replica_dev.faults import CRASH_ENV, WINDOWS
 from replica_dev.model import LoggedChange, fold
-from replica_lib.config import PROJECT_ROOT, load_replica
+from replica_lib.config import COPY_ON_WRITE, MERGE_ON_READ, PROJECT_ROOT, load_replica
+from replica_lib.layout import read_state
 from replica_lib.merge import MERGE_DELETION_VECTORS
 from replica_lib.producer import ChangeProducer
 from replica_lib.progress import last_committed_offsets
+from replica_lib.target import changes_target
 from replica_lib.topics import TopicAdmin, TopicSpec
 
 logger = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ class ChaosPlan:
     keys: int = 200
     events: int = 0  # at least this many changes: the primary writes until the kills are done and this is reached
     kills: int = 10
-    crash_windows: tuple[str, ...] = CRASH_POINTS
+    crash_windows: tuple[str, ...] | None = None  # None: every window of the layout (faults.WINDOWS)
     rate: float = 10.0  # changes per second, written throughout the run
     partitions: int = 3
     max_offsets_per_trigger: int = 500
@@ -74,13 +76,20 @@ class ChaosPlan:
     #: None: each MERGE chooses (a table this small is rewritten); True or False: every MERGE writes deletion
     #: vectors, or none (through the Spark conf that decides for every MERGE, see replica_lib.merge).
     deletion_vectors: bool | None = None
+    layout: str = COPY_ON_WRITE  # of the replica's table; a merge-on-read table is folded every 2nd batch
 
     def __post_init__(self) -> None:
-        unknown = [w for w in self.crash_windows if w not in CRASH_POINTS]
+        if self.layout not in WINDOWS:
+            raise ValueError(f"unknown layout {self.layout!r}: use {', '.join(WINDOWS)}")
+        unknown = [w for w in self.windows if w not in WINDOWS[self.layout]]
         if unknown:
-            raise ValueError(f"unknown crash windows {unknown}: use {', '.join(CRASH_POINTS)}")
+            raise ValueError(f"crash windows {unknown} are not passed by a {self.layout} table's batches")
         if self.kills < 0 or self.keys < 1 or self.rate <= 0:
             raise ValueError("kills must be >= 0, keys >= 1 and rate > 0")
+
+    @property
+    def windows(self) -> tuple[str, ...]:
+        return WINDOWS[self.layout] if self.crash_windows is None else self.crash_windows
 
 
 @dataclass
@@ -237,7 +246,7 @@ class _Scenario:
             "chaos",
             workdir / "data",
             bootstrap_servers,
-            {"orders": orders_table(topic)},
+            {"orders": orders_table(topic, **_layout(plan.layout))},
             source={"max_offsets_per_trigger": plan.max_offsets_per_trigger},
             trigger={"interval": "1 second"},
             compaction={"every_batches": 2},
@@ -280,7 +289,7 @@ def run_chaos(spark: SparkSession, plan: ChaosPlan, workdir: Path, bootstrap_ser
     run = _Scenario(plan, workdir, bootstrap_servers, "chaos")
     report = run.report
     try:
-        for window in plan.crash_windows:
+        for window in plan.windows:
             crashing = run.launch(crash_at=window)
             code = crashing.wait_exit(plan.launch_timeout_s)
             if code != -signal.SIGKILL:
@@ -308,6 +317,10 @@ def run_chaos(spark: SparkSession, plan: ChaosPlan, workdir: Path, bootstrap_ser
     finally:
         run.producer.stop.set()
     return run.judge(spark)
+
+
+def _layout(layout: str) -> dict[str, Any]:
+    return {"layout": MERGE_ON_READ, "fold_every_batches": 2} if layout == MERGE_ON_READ else {}
 
 
 def _end_offsets(logged: Sequence[LoggedChange]) -> dict[str, dict[int, int]]:
@@ -357,9 +370,12 @@ def _oracle(spark: SparkSession, conf: Path, logged: Sequence[LoggedChange], rep
     from delta.tables import DeltaTable
 
     cfg = load_replica(conf)
-    path = cfg.table("orders").target.path or ""
+    table = cfg.table("orders")
+    path = table.target.path or ""
     keys, sequenced = {"orders": ("order_id",)}, {"orders": True}
-    actual, report.duplicates = _rows(spark.read.format("delta").load(path).collect())
+    # The state readers see (a merge-on-read table's view); every version of the table itself is checked below:
+    # a merge-on-read table's versions are its folds, each recorded at the offsets of the last batch it folded.
+    actual, report.duplicates = _rows(read_state(spark, table).collect())
     report.lost, report.extra, report.stale = _compare(actual, fold(logged, keys, sequenced)["orders"])
 
     history = DeltaTable.forPath(spark, path).history().select("version", "operation", "userMetadata")
@@ -396,6 +412,12 @@ def _oracle(spark: SparkSession, conf: Path, logged: Sequence[LoggedChange], rep
                 stale,
                 duplicated,
             )
+    if table.merge_on_read:  # each batch is committed to the change log, and to the table only by folds
+        seen = Counter()
+        log_history = DeltaTable.forPath(spark, str(changes_target(table).path)).history().select("userMetadata")
+        for row in log_history.where("userMetadata IS NOT NULL").collect():
+            meta = json.loads(row["userMetadata"])
+            seen[(meta["generation"], int(meta["batch_id"]))] += 1
     report.batches_committed_twice = sum(n - 1 for n in seen.values() if n > 1)
 
 

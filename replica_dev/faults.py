@@ -9,10 +9,17 @@ from dataclasses import dataclass
 
 from replica_lib.batch import HOOK_POINTS, BatchHooks
 from replica_lib.errors import ConfigError
+from replica_lib.layout import FOLD_POINTS
 
 logger = logging.getLogger(__name__)
 
-CRASH_POINTS = HOOK_POINTS
+CRASH_POINTS = HOOK_POINTS + FOLD_POINTS
+#: The crash windows a batch passes, per layout of its table (a merge-on-read table's batches append no
+#: tombstones; the batches that fold it pass the fold's points).
+WINDOWS = {
+    "copy-on-write": HOOK_POINTS,
+    "merge-on-read": tuple(p for p in HOOK_POINTS if p != "after_tombstones") + FOLD_POINTS,
+}
 #: The environment variable the fault harness sets on the job it launches (``jobs/dev/faulty_replica.py``).
 CRASH_ENV = "REPLICA_CRASH_AT"
 

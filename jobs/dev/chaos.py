@@ -15,8 +15,8 @@ from pathlib import Path
 from jobs._cli import guarded, setup_logging
 from replica_dev.chaos import ChaosPlan, run_chaos
 from replica_dev.embedded_kafka import EmbeddedKafka
-from replica_dev.faults import CRASH_POINTS
-from replica_lib.config import local_settings
+from replica_dev.faults import WINDOWS
+from replica_lib.config import COPY_ON_WRITE, LAYOUTS, local_settings
 from replica_lib.session import build_session
 
 
@@ -40,6 +40,7 @@ def main(argv: list[str]) -> int:
         default="auto",
         help="auto: each MERGE chooses (default); on/off: every MERGE writes deletion vectors, or none",
     )
+    parser.add_argument("--layout", choices=LAYOUTS, default=COPY_ON_WRITE, help="the replica table's layout")
     args = parser.parse_args(argv)
     setup_logging()
     try:
@@ -47,10 +48,11 @@ def main(argv: list[str]) -> int:
             keys=args.keys,
             events=args.events,
             kills=args.kills,
-            crash_windows=CRASH_POINTS * args.window_repeats,
+            crash_windows=WINDOWS[args.layout] * args.window_repeats,
             rate=args.rate,
             seed=args.seed,
             deletion_vectors={"auto": None, "on": True, "off": False}[args.deletion_vectors],
+            layout=args.layout,
         )
     except ValueError as exc:
         parser.error(str(exc))
