@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -10,12 +11,19 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
+from jobs.rebuild import main as rebuild_main
+from replica_dev import loadgen
+from replica_dev.conf import replica_doc, write_replica
 from replica_dev.model import LoggedChange
-from replica_lib.config import MERGE_ON_READ, ReplicaConfig
+from replica_lib.batch import BatchHooks, BatchStats
+from replica_lib.config import MERGE_ON_READ, ReplicaConfig, load_replica
 from replica_lib.layout import FOLD_POINTS, fold
-from replica_lib.producer import Change
+from replica_lib.producer import Change, ChangeProducer
+from replica_lib.rebuild import rebuild_config
+from replica_lib.stream import start_replica
 from replica_lib.target import changes_target, read_table, table_schema
 from tests.integration.support import (
+    RUN_TIMEOUT_S,
     delete,
     expected_df,
     orders_table,
@@ -127,7 +135,7 @@ def test_the_state_equals_the_model_before_and_after_a_fold_and_a_fold_killed_an
 def test_a_seeded_random_run_with_folds_between_batches_equals_the_model(
     spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
 ) -> None:
-    """3,000 events over 200 keys (late seqs, duplicates, deletes, tombstones), folded every 3rd batch."""
+    """2,000 events over 200 keys (late seqs, duplicates, deletes, tombstones), folded every 3rd batch."""
     rng = random.Random(20261125)
     topic = topic_factory(partitions=4)
     cfg = replica_config(
@@ -140,7 +148,7 @@ def test_a_seeded_random_run_with_folds_between_batches_equals_the_model(
     keys = 200
     next_seq = dict.fromkeys(range(keys), 0)
     changes: list[Change] = []
-    for _ in range(3_000):
+    for _ in range(2_000):
         key = rng.randrange(keys)
         next_seq[key] += 1
         seq = max(1, next_seq[key] - rng.choice((0, 0, 0, 1, 2)))
@@ -163,3 +171,42 @@ def test_a_seeded_random_run_with_folds_between_batches_equals_the_model(
         assert_state(spark, cfg, log)
     fold(spark, cfg.name, table_schema(cfg.table("orders"), cfg.source_file))
     assert_folded(spark, cfg, log)
+
+
+def test_a_lost_checkpoint_resumes_from_the_change_log_and_a_rebuild_equals_the_live_replica(
+    spark: SparkSession,
+    connection: dict[str, str],
+    topic_factory: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    topic = topic_factory(partitions=3)
+    conf = tmp_path / "live.toml"
+    tables = {"orders": merge_on_read(topic, fold_every_batches=2)}
+    source = {"starting_offsets": "earliest", "max_offsets_per_trigger": 150}
+    doc = replica_doc("live", tmp_path / "live", connection["bootstrap.servers"], tables, source=source)
+    write_replica(conf, {**doc, "trigger": {"available_now": True}})
+    live = load_replica(conf)
+    with ChangeProducer(connection) as producer:
+        log = loadgen.run(producer, topic, loadgen.Workload(keys=60, events=500, seed=12))
+    run_available_now(spark, live)
+    assert_state(spark, live, log)
+
+    # A new checkpoint resumes where the change log's commits say, with the old checkpoint's changes still pending.
+    shutil.rmtree(live.checkpoint)
+    newer = produce(connection, topic, [upsert(k, 10**6, "after") for k in range(5)] + [tombstone(7)])
+    log += newer
+    stats: list[BatchStats] = []
+    query = start_replica(spark, live, available_now=True, hooks=BatchHooks(after_batch=stats.append))
+    try:
+        assert query.awaitTermination(RUN_TIMEOUT_S)
+    finally:
+        query.stop()
+    assert sum(s.records for s in stats) == len(newer)
+    assert_state(spark, live, log)
+
+    # A rebuild beside it (merge-on-read too, folded when it ends) equals it, and verify says so.
+    into = tmp_path / "rebuilt"
+    assert rebuild_main([str(conf), "--into", str(into), "--verify"]) == 0
+    assert "live.orders and rebuilt orders are equal" in capsys.readouterr().out
+    assert_folded(spark, rebuild_config(live, str(into)), log)
