@@ -107,11 +107,18 @@ def read_state(spark: SparkSession, table: TableConfig, changes_version: int | N
     """
     if not table.merge_on_read:
         return read_table(spark, table.target)
+    if changes_version is None and _holds_no_files(spark, changes_target(table)):
+        return read_table(spark, table.target)  # nothing pending: the table is the state (a fold only adds to it)
     changes = changes_target(table).describe()
     if changes_version is not None:
         changes = f"{changes} VERSION AS OF {int(changes_version)}"
     schema = table_schema(table, "")  # validated with the config already
     return spark.sql(state_sql(schema, table.target.describe(), changes, tombstone_target(table).describe()))
+
+
+def _holds_no_files(spark: SparkSession, target: Target) -> bool:
+    row = delta_table(spark, target).detail().select("numFiles").first()
+    return row is None or not row[0]
 
 
 @dataclass(frozen=True)
