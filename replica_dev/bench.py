@@ -8,10 +8,13 @@ other, each with its own checkpoint and table, so the figures are comparable as 
   upsert pattern: no version gating, no tombstones, no pruning);
 - **peer**: kafka2delta (PyPI), when it can run here (see :mod:`replica_dev.bench_peer`);
 - **ours**: the materializer (:func:`replica_lib.stream.start_replica`), and its rebuild path (the whole log
-  in one batch into empty tables).
+  in one batch into empty tables);
+- **ours-mor**: the materializer with the table's layout merge-on-read: each batch appends to a change log, and
+  a fold every ``fold_every_batches`` batches merges it into the table (:mod:`replica_lib.layout`).
 
 Measured: events/s to catch up a full backlog, p50/p99 batch time, p50/p99 freshness (produce -> committed)
-at a fixed produce rate into a pre-filled table, and batch time as the table grows.
+at a fixed produce rate into a pre-filled table, batch time as the table grows, and what a reader of our tables
+pays after the catch-up (merge-on-read: with the changes pending, then folded).
 """
 
 from __future__ import annotations
@@ -34,14 +37,16 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming.query import StreamingQuery
 
+from replica_dev.conf import orders_table, replica_doc
 from replica_dev.loadgen import CUSTOMERS, STATUSES
 from replica_dev.naive import merge_naive
 from replica_lib.batch import BatchHooks, BatchStats
-from replica_lib.config import KafkaConfig, ReplicaConfig, SourceConfig, TableConfig, Target, TriggerConfig
+from replica_lib.config import COPY_ON_WRITE, MERGE_ON_READ, ReplicaConfig, TableConfig, parse_replica
 from replica_lib.errors import ConfigError
+from replica_lib.layout import fold, read_state
 from replica_lib.producer import Change, ChangeProducer, ProducerSettings, encode_key, encode_value
 from replica_lib.stream import start_replica
-from replica_lib.target import ensure_replica_tables
+from replica_lib.target import changes_target, ensure_replica_tables, read_table, table_schema
 from replica_lib.topics import TopicAdmin, TopicSpec
 
 logger = logging.getLogger(__name__)
@@ -49,7 +54,10 @@ logger = logging.getLogger(__name__)
 BENCH_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, updated_ms BIGINT, note STRING"
 DATA_COLUMNS = ("order_id", "customer", "amount", "status", "updated_ms", "note")
 FLOOR_ROWS, FLOOR_REPEATS = 100_000, 5
-CONTENDERS = ("ceiling", "naive", "peer", "ours")
+CONTENDERS = ("ceiling", "naive", "peer", "ours", "ours-mor")
+#: Our contenders, by the layout of their table: both run through the same path, only the layout differs.
+OURS = {"ours": COPY_ON_WRITE, "ours-mor": MERGE_ON_READ}
+READER_REPEATS = 5
 #: How the growth phase picks keys: uniformly over the table (every file touched), or among the newest keys.
 GROWTH_KEYS = ("uniform", "recent")
 RECENT_KEYS = 100_000
@@ -78,6 +86,8 @@ class BenchPlan:
     #: Not measured, run by every contender before the catch-up: several full-size batches, as Spark's query
     #: planning and Delta's commit path (most of a small batch's time) run slowly until the JIT has compiled them.
     warmup_events: int = 60_000
+    #: ours-mor: the stream folds the change log into the table after every this-many-th batch (0: never).
+    fold_every_batches: int = 10
 
     def __post_init__(self) -> None:
         def fail(name: str, problem: str, fix: str) -> None:
@@ -89,6 +99,8 @@ class BenchPlan:
         for name in ("fresh_rate", "fresh_seconds", "fresh_rows", "warmup_events", "value_bytes"):
             if getattr(self, name) < 0:
                 fail(f"--{name.replace('_', '-')}", "must not be negative", "pass 0 to skip that part")
+        if self.fold_every_batches < 0:
+            fail("--fold-every-batches", "must not be negative", "pass 0 to leave the change log unfolded")
         if not 0 <= self.delete_share < 1:
             fail("--delete-share", f"{self.delete_share} is not in [0, 1)", "e.g. --delete-share 0.05")
         unknown = [c for c in self.contenders if c not in CONTENDERS]
@@ -174,7 +186,7 @@ class Run:
     records: int = 0
     seconds: float = 0.0
     batches: list[dict[str, Any]] = field(default_factory=list)
-    stages: dict[str, float] = field(default_factory=dict)  # ours only: median seconds per stage of a batch
+    stages: dict[str, float] = field(default_factory=dict)  # ours, ours-mor: median seconds per stage of a batch
 
     @property
     def events_per_s(self) -> float:
@@ -259,7 +271,9 @@ class Bench:
         self.workdir = workdir
         self.bootstrap = bootstrap_servers
         self.admin = TopicAdmin({"bootstrap.servers": bootstrap_servers})
-        self.stages: dict[str, list[BatchStats]] = {}  # ours: each batch's seconds per stage, per run
+        self.stages: dict[str, list[BatchStats]] = {}  # ours, ours-mor: each batch's seconds per stage, per run
+        self.configs: dict[str, ReplicaConfig] = {}  # ours, ours-mor: the replica of each run, to read its state
+        self.probe_key: int | None = None  # a key live after the catch-up: the readers' point lookup
         self.peer: Any = None
         if "peer" in plan.contenders:
             from replica_dev.bench_peer import Peer
@@ -306,8 +320,9 @@ class Bench:
         """Start ``contender`` on ``topic`` with a new checkpoint and table under ``workdir/name``."""
         base = self.workdir / name
         shutil.rmtree(base, ignore_errors=True)
-        if contender == "ours":
-            cfg = self.replica_config(name, topic, batch_size, once)
+        if contender in OURS:
+            cfg = self.replica_config(name, topic, batch_size, once, OURS[contender])
+            self.configs[name] = cfg
             ensure_replica_tables(self.spark, cfg)
             if prefill:
                 self.prefill(contender, str(base / "table"), prefill, topic)
@@ -343,33 +358,31 @@ class Bench:
             options["maxOffsetsPerTrigger"] = str(batch_size)
         return options
 
-    def replica_config(self, name: str, topic: str, batch_size: int | None, once: bool) -> ReplicaConfig:
+    def replica_config(
+        self, name: str, topic: str, batch_size: int | None, once: bool, layout: str = COPY_ON_WRITE
+    ) -> ReplicaConfig:
+        """Our replica of run ``name``, written and validated as a user's replica file is (names: ``_`` for ``-``)."""
         base = self.workdir / name
-        table = TableConfig(
-            name="orders",
-            topic=topic,
-            keys=("order_id",),
-            schema=BENCH_SCHEMA,
-            target=Target(path=str(base / "table")),
-            sequence_by="seq",
+        table = orders_table(topic, schema=BENCH_SCHEMA, target={"path": str(base / "table")}, layout=layout)
+        if layout == MERGE_ON_READ:
+            table["fold_every_batches"] = self.plan.fold_every_batches
+        doc = replica_doc(
+            name.replace("-", "_"),
+            base,
+            self.bootstrap,
+            {"orders": table},
+            replica={"checkpoint": str(base / "checkpoint"), "quarantine": {"path": str(base / "quarantine")}},
+            trigger={"available_now": once, "interval": "0 seconds"},
+            **({"source": {"max_offsets_per_trigger": batch_size}} if batch_size else {}),
         )
-        return ReplicaConfig(
-            name=name,
-            source_file="bench",
-            kafka=KafkaConfig(self.bootstrap),
-            checkpoint=str(base / "checkpoint"),
-            quarantine=Target(path=str(base / "quarantine")),
-            tables=(table,),
-            source=SourceConfig(max_offsets_per_trigger=batch_size),
-            trigger=TriggerConfig(available_now=once, interval="0 seconds"),
-        )
+        return parse_replica(doc, "bench", {})
 
     def prefill(self, contender: str, path: str, rows: int, topic: str) -> None:
         """Append ``rows`` live keys ``0..rows-1`` (seq 0) to the contender's table, in files of ``ROWS_PER_FILE``."""
         started = time.monotonic()
         files = max(1, rows // ROWS_PER_FILE)
         df = prefill_rows(self.spark, rows, self.plan.value_bytes, files)
-        if contender == "ours":
+        if contender in OURS:  # merge-on-read: the base, which has the columns of a copy-on-write table
             df = df.select(
                 *DATA_COLUMNS,
                 F.lit(topic).alias("_src_topic"),
@@ -411,17 +424,15 @@ class Bench:
         A fast wrong answer is no answer: every contender that maintains a table is checked; the ceiling only
         appends records, so it has nothing to check.
         """
-        column = {"ours": "_src_seq", "naive": "seq", "peer": "__log_sequence_number"}.get(contender)
-        if column is None:
+        column = {"ours": "_src_seq", "ours-mor": "_src_seq", "naive": "seq", "peer": "__log_sequence_number"}
+        if contender not in column:
             return None
-        expected: dict[int, int] = {}
-        for event in events:  # each key's events are in seq order, as in its partition
-            if event.op == "delete":
-                expected.pop(event.key, None)
-            else:
-                expected[event.key] = event.seq
-        table = self.spark.read.format("delta").load(str(self.workdir / name / "table"))
-        actual = {int(r[0]): int(r[1]) for r in table.select("order_id", column).collect()}
+        expected = live_seqs(events)
+        if contender in OURS:
+            table = read_state(self.spark, self.configs[name].tables[0])
+        else:
+            table = self.spark.read.format("delta").load(str(self.workdir / name / "table"))
+        actual = {int(r[0]): int(r[1]) for r in table.select("order_id", column[contender]).collect()}
         result = {
             "rows": len(actual),
             "missing": sum(1 for k in expected if k not in actual),
@@ -501,6 +512,8 @@ class Bench:
             name = f"catchup-{contender}"
             results[contender] = self.run_once(contender, topic, name, plan.batch_size).summary()
             results[contender]["check"] = self.check(contender, name, events)
+        expected = live_seqs(events)
+        self.probe_key = next((e.key for e in reversed(events) if expected.get(e.key) == e.seq), None)
         if "ours" in plan.contenders:
             logger.info("rebuild: the whole log in one batch, ceiling and ours")
             results["ceiling_bulk"] = self.run_once("ceiling", topics["native"], "rebuild-ceiling", None).summary()
@@ -508,6 +521,49 @@ class Bench:
             results["rebuild"] = self.run_once("ours", topics["native"], "rebuild-ours", None).summary()
             results["rebuild"]["check"] = self.check("ours", "rebuild-ours", events)
         report["catch_up"] = results
+
+    def readers(self, report: dict[str, Any]) -> None:
+        """What a reader of our caught-up tables pays: an aggregate and a point lookup of the state.
+
+        A merge-on-read table is read twice: with the changes the catch-up left pending (its readers rank them
+        against the base), then after one fold (timed too), when the state is the base alone.
+        """
+        results: dict[str, dict[str, Any]] = {}
+        for contender in (c for c in OURS if c in self.plan.contenders):
+            cfg = self.configs[f"catchup-{contender}"]
+            table = cfg.tables[0]
+            if not table.merge_on_read:
+                results[contender] = self.read_costs(table)
+                logger.info("  readers of %s: %s", contender, results[contender])
+                continue
+            pending = read_table(self.spark, changes_target(table)).count()
+            entry: dict[str, Any] = {"pending_changes": pending, "pending": self.read_costs(table)}
+            started = time.monotonic()
+            folded = fold(self.spark, cfg.name, table_schema(table, cfg.source_file))
+            entry["fold_s"] = round(time.monotonic() - started, 3)
+            entry["folded_keys"] = folded.keys
+            entry["folded"] = self.read_costs(table)
+            results[contender] = entry
+            logger.info("  readers of %s: %s", contender, entry)
+        report["readers"] = results
+
+    def read_costs(self, table: TableConfig) -> dict[str, Any]:
+        """Median seconds of ``READER_REPEATS`` runs (after one warm-up) of each query, from reading the state on."""
+
+        def aggregate() -> list[Any]:
+            return read_state(self.spark, table).agg(F.count(F.lit(1)), F.sum("amount")).collect()
+
+        def point(key: int) -> list[Any]:
+            return read_state(self.spark, table).where(F.col("order_id") == F.lit(key)).collect()
+
+        seconds, first = median_seconds(aggregate)
+        result: dict[str, Any] = {"rows": int(first[0][0]), "aggregate_s": seconds}
+        key = self.probe_key
+        if key is not None:
+            result["point_s"], found = median_seconds(lambda: point(key))
+            if len(found) != 1:
+                logger.error("  point lookup of key %d in %s found %d rows", key, table.target.describe(), len(found))
+        return result
 
     def freshness(self, report: dict[str, Any]) -> None:
         plan = self.plan
@@ -581,6 +637,29 @@ class Bench:
                 logger.info("  %d rows, %s keys: %s", rows, keys, results[keys][str(rows)])
                 shutil.rmtree(self.workdir / name, ignore_errors=True)
         report["growth"] = results
+
+
+def live_seqs(events: Sequence[Event]) -> dict[int, int]:
+    """The workload folded per key: each live key's seq (each key's events are in seq order, as in its partition)."""
+    expected: dict[int, int] = {}
+    for event in events:
+        if event.op == "delete":
+            expected.pop(event.key, None)
+        else:
+            expected[event.key] = event.seq
+    return expected
+
+
+def median_seconds(action: Callable[[], Any], repeats: int = READER_REPEATS) -> tuple[float | None, Any]:
+    """Median wall seconds of ``repeats`` runs of ``action`` after one unmeasured run (which warms the JVM's code
+    and Delta's snapshot cache as a reader's earlier queries would), and what that first run returned."""
+    first = action()
+    times = []
+    for _ in range(repeats):
+        started = time.monotonic()
+        action()
+        times.append(time.monotonic() - started)
+    return _round(percentile(times, 50)), first
 
 
 def wait_until_read(query: StreamingQuery, last: dict[tuple[str, int], int], deadline_s: float) -> None:
@@ -676,7 +755,10 @@ def run_bench(spark: SparkSession, plan: BenchPlan, workdir: Path, bootstrap_ser
     if bench.peer is not None:
         report["peer"] = bench.peer.describe()
     # The floor after the catch-up, so that it measures a warm JVM as the contenders' batches do.
-    phases: list[tuple[str, Callable[[dict[str, Any]], None]]] = [("catch_up", bench.catch_up), ("floor", bench.floor)]
+    phases: list[tuple[str, Callable[[dict[str, Any]], None]]] = [("catch_up", bench.catch_up)]
+    if any(contender in OURS for contender in plan.contenders):
+        phases.append(("readers", bench.readers))
+    phases.append(("floor", bench.floor))
     if plan.fresh_seconds and plan.fresh_rate:
         phases.append(("freshness", bench.freshness))
     if plan.growth_rows and "ours" in plan.contenders:
@@ -735,12 +817,21 @@ def ratios(report: dict[str, Any]) -> dict[str, float | None]:
     def div(a: float | None, b: float | None) -> float | None:
         return round(a / b, 2) if a is not None and b else None
 
-    result = {
-        "ours_vs_ceiling": div(rate("ours"), rate("ceiling")),
-        "ours_vs_naive": div(rate("ours"), rate("naive")),
-        "ours_vs_peer": div(rate("ours"), rate("peer")),
-        "rebuild_vs_ceiling": div(rate("rebuild"), rate("ceiling_bulk")),
-    }
+    best = max((r for r in (rate("ours"), rate("ours-mor")) if r is not None), default=None)
+    result: dict[str, float | None] = {}
+    for label, ours in (("ours", rate("ours")), ("ours_mor", rate("ours-mor")), ("best", best)):
+        for other in ("ceiling", "naive", "peer"):
+            result[f"{label}_vs_{other}"] = div(ours, rate(other))
+    result["rebuild_vs_ceiling"] = div(rate("rebuild"), rate("ceiling_bulk"))
+    fresh = report.get("freshness")
+    if fresh:
+
+        def p99(name: str) -> float | None:
+            value = fresh.get(name, {}).get("fresh_p99_s")
+            return float(value) if value is not None else None
+
+        result["ours_fresh_p99_vs_ceiling"] = div(p99("ours"), p99("ceiling"))
+        result["ours_mor_fresh_p99_vs_ceiling"] = div(p99("ours-mor"), p99("ceiling"))
     for keys, sizes in report.get("growth", {}).items():
         ordered = sorted(sizes, key=int)
         if ordered:
@@ -768,9 +859,13 @@ def summary_lines(report: dict[str, Any]) -> Iterator[str]:
     floor = report.get("floor")
     if floor:
         yield "fixed cost on this machine (p50): " + ", ".join(f"{k[:-2]} {v:.2f}s" for k, v in floor.items())
-    stages = catch.get("ours", {}).get("stages_p50_s")
-    if stages:
-        yield "ours, one catch-up batch (p50): " + ", ".join(f"{k} {v:.2f}s" for k, v in stages.items())
+    for contender in OURS:
+        stages = catch.get(contender, {}).get("stages_p50_s")
+        if stages:
+            yield f"{contender}, one catch-up batch (p50): " + ", ".join(f"{k} {v:.2f}s" for k, v in stages.items())
+    readers = report.get("readers")
+    if readers:
+        yield f"readers (median of {READER_REPEATS}): " + "; ".join(reader_parts(readers))
     for keys, sizes in report.get("growth", {}).items():
         for rows, g in sorted(sizes.items(), key=lambda kv: int(kv[0])):
             yield f"growth, {keys} keys, {int(rows):>11,} rows: batch p50 {g['batch_p50_s']}s, max {g['batch_max_s']}s"
@@ -782,6 +877,23 @@ def summary_lines(report: dict[str, Any]) -> Iterator[str]:
 
         yield "per batch, medians from Spark's event log (ms):"
         yield from format_summary(shape)
+
+
+def reader_parts(readers: dict[str, dict[str, Any]]) -> Iterator[str]:
+    """Each contender's reader costs as a phrase of the summary."""
+
+    def costs(c: dict[str, Any]) -> str:
+        point = c.get("point_s")
+        return f"aggregate {c['aggregate_s']:.2f} s" + ("" if point is None else f", point {point:.2f} s")
+
+    for contender, entry in readers.items():
+        if "pending" not in entry:
+            yield f"{contender} {costs(entry)}"
+            continue
+        yield (
+            f"{contender} pending ({entry['pending_changes']} changes) {costs(entry['pending'])}, "
+            f"folded {costs(entry['folded'])}; fold {entry['fold_s']:.2f} s"
+        )
 
 
 def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
@@ -824,7 +936,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     axes[3].set_xscale("log")
     axes[3].legend(title="keys")
     axes[3].set_title(f"ours: batch of {report['workload']['growth_batch_size']} vs table rows (s)")
-    for ax in axes[:2]:
+    for ax in axes[:3]:
         ax.tick_params(axis="x", labelsize=7, rotation=45)
     machine = report["machine"]
     fig.suptitle(f"replica bench {report['started']} - {machine['cores']} cores, Spark {machine['spark']}")

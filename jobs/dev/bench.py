@@ -1,8 +1,9 @@
 """The benchmark: ./spark-submit.sh --driver-memory 8g jobs/bench.py [--events 200000 --keys 100000 ...]
 
 Starts its own Kafka broker (or uses --bootstrap-servers), produces a seeded workload, runs the ceiling, the
-naive pattern, the peer (kafka2delta) and the materializer on it one after the other, and writes the figures
-as JSON and PNG (default folder: .state/bench). A benchmark, not a test: it fails only if a contender fails.
+naive pattern, the peer (kafka2delta) and the materializer (copy-on-write and merge-on-read) on it one after the
+other, and writes the figures as JSON and PNG (default folder: .state/bench). A benchmark, not a test: it fails
+only if a contender fails.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--growth-batch-size", type=int, default=defaults.growth_batch_size)
     parser.add_argument("--growth-batches", type=int, default=defaults.growth_batches)
     parser.add_argument("--warmup-events", type=int, default=defaults.warmup_events, help="0 skips the warm-up")
+    parser.add_argument(
+        "--fold-every-batches",
+        type=int,
+        default=defaults.fold_every_batches,
+        help="ours-mor: fold the change log after every this-many-th batch (0: never during the stream)",
+    )
     parser.add_argument("--bootstrap-servers", help="use this broker instead of starting one")
     parser.add_argument("--workdir", type=Path, help="tables and checkpoints (default: a new temporary folder)")
     parser.add_argument("--out", type=Path, help="where the JSON and PNG go (default: .state/bench)")

@@ -48,7 +48,7 @@ def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, st
     assert all(seconds > 0 for seconds in report["floor"].values())
     assert "fixed cost on this machine" in proc.stdout
     catch_up = report["catch_up"]
-    assert set(catch_up) == {"ceiling", "naive", "peer", "ours", "ceiling_bulk", "rebuild"}
+    assert set(catch_up) == {"ceiling", "naive", "peer", "ours", "ours-mor", "ceiling_bulk", "rebuild"}
     for name, run in catch_up.items():
         assert run["records"] == 600, name
         assert run["events_per_s"] > 0 and run["batch_p50_s"] > 0, name
@@ -58,12 +58,30 @@ def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, st
             assert run["check"]["missing"] == run["check"]["extra"] == run["check"]["different"] == 0, name
             assert run["check"]["rows"] > 0
     assert catch_up["ours"]["batches"] >= 3 and catch_up["rebuild"]["batches"] == 1  # batches of 200 at most
+    assert catch_up["ours-mor"]["batches"] >= 3
+
+    readers = report["readers"]
+    assert set(readers) == {"ours", "ours-mor"}
+    rows = catch_up["ours"]["check"]["rows"]
+    for costs in (readers["ours"], readers["ours-mor"]["pending"], readers["ours-mor"]["folded"]):
+        assert costs["rows"] == rows and costs["aggregate_s"] > 0 and costs["point_s"] > 0
+    assert readers["ours-mor"]["pending_changes"] > 0 and readers["ours-mor"]["fold_s"] > 0
+    assert "readers (median of 5): ours aggregate" in proc.stdout
 
     for name, fresh in report["freshness"].items():
         assert fresh["events"] == 150, name
         assert 0 < fresh["fresh_p50_s"] <= fresh["fresh_p99_s"] <= fresh["fresh_max_s"], name
     for keys in ("uniform", "recent"):
         assert report["growth"][keys]["1000"]["batches"] and report["growth"][keys]["1000"]["batch_p50_s"] > 0
-    assert set(report["ratios"]) >= {"ours_vs_ceiling", "ours_vs_naive", "ours_vs_peer", "rebuild_vs_ceiling"}
+    assert set(report["ratios"]) >= {
+        "ours_vs_ceiling",
+        "ours_vs_naive",
+        "ours_vs_peer",
+        "ours_mor_vs_ceiling",
+        "best_vs_ceiling",
+        "rebuild_vs_ceiling",
+        "ours_fresh_p99_vs_ceiling",
+        "ours_mor_fresh_p99_vs_ceiling",
+    }
     (plot,) = out.glob("bench-*.png")
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

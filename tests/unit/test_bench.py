@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from replica_dev.bench import BenchPlan, Event, freshness_lags, percentile, ratios, workload
+from replica_dev.bench import CONTENDERS, BenchPlan, Event, freshness_lags, percentile, ratios, summary_lines, workload
 from replica_lib.errors import ConfigError
 
 
@@ -17,6 +17,14 @@ def test_bad_arguments_name_the_flag_and_the_fix() -> None:
         BenchPlan(contenders=("ours", "fastest"))
     with pytest.raises(ConfigError, match="--delete-share"):
         BenchPlan(delete_share=1.5)
+    with pytest.raises(ConfigError, match="--fold-every-batches"):
+        BenchPlan(fold_every_batches=-1)
+
+
+def test_every_contender_runs_by_default_and_merge_on_read_is_one_of_them() -> None:
+    assert BenchPlan().contenders == CONTENDERS
+    assert "ours-mor" in CONTENDERS
+    assert BenchPlan(contenders=("ours-mor",)).contenders == ("ours-mor",)
 
 
 def test_workload_is_seeded_and_keeps_each_key_in_seq_order() -> None:
@@ -71,6 +79,7 @@ def test_ratios_divide_figures_of_the_same_run() -> None:
             "ceiling": {"events_per_s": 1000.0},
             "naive": {"events_per_s": 100.0},
             "ours": {"events_per_s": 400.0},
+            "ours-mor": {"events_per_s": 600.0},
             "ceiling_bulk": {"events_per_s": 2000.0},
             "rebuild": {"events_per_s": 1800.0},
         },
@@ -80,6 +89,53 @@ def test_ratios_divide_figures_of_the_same_run() -> None:
         "ours_vs_ceiling": 0.4,
         "ours_vs_naive": 4.0,
         "ours_vs_peer": None,
+        "ours_mor_vs_ceiling": 0.6,
+        "ours_mor_vs_naive": 6.0,
+        "ours_mor_vs_peer": None,
+        "best_vs_ceiling": 0.6,
+        "best_vs_naive": 6.0,
+        "best_vs_peer": None,
         "rebuild_vs_ceiling": 0.9,
         "growth_uniform_largest_vs_smallest": 1.5,
     }
+
+
+def test_best_is_the_faster_of_ours_and_freshness_is_compared_with_the_ceiling() -> None:
+    report = {
+        "catch_up": {"ceiling": {"events_per_s": 1000.0}, "ours": {"events_per_s": 500.0}},
+        "freshness": {
+            "ceiling": {"fresh_p99_s": 0.5},
+            "ours": {"fresh_p99_s": 1.0},
+            "ours-mor": {"fresh_p99_s": 0.75},
+        },
+    }
+    result = ratios(report)
+    assert result["best_vs_ceiling"] == result["ours_vs_ceiling"] == 0.5  # ours-mor did not run
+    assert result["ours_mor_vs_ceiling"] is None
+    assert result["ours_fresh_p99_vs_ceiling"] == 2.0
+    assert result["ours_mor_fresh_p99_vs_ceiling"] == 1.5
+    assert "ours_fresh_p99_vs_ceiling" not in ratios({"catch_up": report["catch_up"]})
+
+
+def test_the_summary_shows_both_layouts_and_their_readers() -> None:
+    run = {"events_per_s": 500.0, "batch_p50_s": 1.0, "batch_p99_s": 2.0}
+    report = {
+        "catch_up": {"ours": run, "ours-mor": {**run, "stages_p50_s": {"orders: log": 0.4}}},
+        "readers": {
+            "ours": {"rows": 10, "aggregate_s": 0.41, "point_s": 0.2},
+            "ours-mor": {
+                "pending_changes": 7,
+                "pending": {"rows": 10, "aggregate_s": 0.9, "point_s": 0.5},
+                "fold_s": 2.3,
+                "folded_keys": 7,
+                "folded": {"rows": 10, "aggregate_s": 0.4, "point_s": 0.21},
+            },
+        },
+    }
+    lines = list(summary_lines(report))
+    assert any(line.startswith("ours-mor ") and "500" in line for line in lines)
+    assert "ours-mor, one catch-up batch (p50): orders: log 0.40s" in lines
+    assert (
+        "readers (median of 5): ours aggregate 0.41 s, point 0.20 s; ours-mor pending (7 changes) aggregate 0.90 s, "
+        "point 0.50 s, folded aggregate 0.40 s, point 0.21 s; fold 2.30 s"
+    ) in lines
