@@ -47,7 +47,7 @@ def test_broker_killed_twice_and_down_at_start_loses_and_doubles_nothing(
     spark: SparkSession, settings: LocalSettings, tmp_path: Path
 ) -> None:
     with EmbeddedKafka(tmp_path / "broker", settings.state_dir, settings.java_home) as broker:
-        report = run_broker_outages(spark, ChaosPlan(keys=100, seed=9), tmp_path / "run", broker, outages=2)
+        report = run_broker_outages(spark, ChaosPlan(keys=100, seed=9, deletion_vectors=True), tmp_path / "run", broker, outages=2)
     print("\n".join(report.lines()))
     assert report.kills == 3  # two outages under a running replica, one before a start
     assert report.events > 0 and report.versions_checked > 0 and report.compactions > 0
