@@ -23,6 +23,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from replica_lib import logical
 from replica_lib.config import ReplicaConfig, TableConfig
 from replica_lib.target import TableSchema
 
@@ -236,6 +237,13 @@ def _native_parse(parsed_df: DataFrame, data: T.StructType | None) -> tuple[Data
         for f in data.fields
         if isinstance(f.dataType, T.StringType)
     ]
+    # A number read into a TIMESTAMP or DATE column (as seconds, or not at all) has no unit: the record takes the
+    # untyped path, where it is refused (replica_lib.logical).
+    coerced += [
+        typed["data"][f.name].isNotNull() & _not_string(F.col("_strict"), _field_path("data", f.name))
+        for f in data.fields
+        if logical.is_timestamp(f.dataType) or isinstance(f.dataType, T.DateType)
+    ]
     clean: Column = reduce(
         lambda a, b: a & ~b,
         coerced,
@@ -329,6 +337,7 @@ def debezium_envelopes(raw_df: DataFrame, table: TableConfig, data_columns: Sequ
         # A delete's row image is `before`: only its sequence column is used (see table_changes).
         F.when(is_upsert, payload["after"]).when(dbz_op == "d", payload["before"]).alias("_data_json"),
         error.alias("_error"),
+        F.when(wrapped & ~is_tombstone, logical.connect_fields(outer["schema"])).alias(logical.CONNECT_FIELDS),
     )
 
 
@@ -409,7 +418,7 @@ def _typed_key_and_data(mine_df: DataFrame, env_df: DataFrame, schema: TableSche
     bad_columns = F.concat_ws(
         ", ",
         *[
-            F.when(_mistyped(f, data_struct, data_strict), F.lit(f"{f.name} ({f.dataType.simpleString()})"))
+            F.when(_mistyped(f, data_struct, data_strict), _bad_column(f, _connect(env_df, schema)))
             for f in schema.data.fields
         ],
     )
@@ -418,7 +427,12 @@ def _typed_key_and_data(mine_df: DataFrame, env_df: DataFrame, schema: TableSche
     suspect = reduce(
         lambda a, b: a | b,
         [_looks_coerced(data_struct[f.name]) for f in schema.data.fields if isinstance(f.dataType, T.StringType)]
-        + [_infinite(data_struct[f.name]) for f in schema.data.fields if _is_floating(f.dataType)],
+        + [_infinite(data_struct[f.name]) for f in schema.data.fields if _is_floating(f.dataType)]
+        + [
+            data_struct[f.name].isNull() & logical.wire(f.name).isNotNull()  # not converted by its logical type
+            for f in schema.data.fields
+            if logical.is_temporal_or_decimal(f.dataType)
+        ],
         data_struct["_corrupt"].isNotNull(),
     )
     return (
@@ -470,7 +484,24 @@ def _data_checks(schema: TableSchema) -> list[tuple[Column, Column | str]]:
     key_struct, data_struct = F.col("_k"), F.col("_d")
     is_upsert = F.col("_op") == "upsert"
     key_differs = reduce(lambda a, b: a | b, [~key_struct[k].eqNullSafe(data_struct[k]) for k in schema.table.keys])
+    unsent: list[tuple[Column, Column | str]] = []
+    if schema.table.format == "debezium":
+        missing = logical.unavailable(schema.data.fields, data_struct)
+        unsent.append(
+            (
+                is_upsert & (missing != ""),
+                F.concat(
+                    F.lit("Debezium sent no value for "),
+                    missing,
+                    F.lit(
+                        f" ('{logical.UNAVAILABLE}': an unchanged TOASTed value; set REPLICA IDENTITY FULL on the "
+                        "source table, see the README's Debezium settings)"
+                    ),
+                ),
+            )
+        )
     return [
+        *unsent,
         (F.col("_bad") != "", F.concat(F.lit("data does not match the table schema: "), F.col("_bad"))),
         (is_upsert & data_struct["_corrupt"].isNotNull(), "data is not a JSON object of the table's columns"),
         (is_upsert & key_differs, "the record key does not match the key columns in data"),
@@ -492,14 +523,37 @@ def _sequence(schema: TableSchema) -> Column:
 
 
 def _data(env_df: DataFrame, schema: TableSchema) -> Column:
-    """The row of a change, typed: parsed from ``_data_json``, unless the envelope's parse typed it already."""
+    """The row of a change, typed: parsed from ``_data_json``, unless the envelope's parse typed it already.
+
+    A Debezium row's TIMESTAMP, DATE and DECIMAL columns are read as text and converted by the logical type the
+    record's schema gives them (:mod:`replica_lib.logical`); a native row's are read as declared.
+    """
+    special = [f for f in schema.data.fields if logical.is_temporal_or_decimal(f.dataType)]
+    connect = _connect(env_df, schema)
+    if connect is not None and special:
+        as_text = T.StructType(
+            [T.StructField(f.name, T.StringType()) if f in special else f for f in schema.data.fields]
+        )
+        text = F.from_json(F.col("_data_json"), _with_corrupt(as_text), _PERMISSIVE)
+        values = [
+            (logical.from_text(f, text[f.name], connect) if f in special else text[f.name]).alias(f.name)
+            for f in schema.data.fields
+        ]
+        return F.struct(*values, text["_corrupt"].alias("_corrupt"))
     parsed = F.from_json(F.col("_data_json"), _with_corrupt(schema.data), _PERMISSIVE)
     name = typed_data_column(schema.table.name)
-    if name not in env_df.columns:
+    if name in env_df.columns:
+        typed = F.col(f"`{name}`")
+        fields = [typed[f.name].alias(f.name) for f in schema.data.fields]
+        none = F.lit(None).cast("string").alias("_corrupt")
+        parsed = F.when(typed.isNotNull(), F.struct(*fields, none)).otherwise(parsed)
+    if not special:
         return parsed
-    typed = F.col(f"`{name}`")
-    fields = [typed[f.name].alias(f.name) for f in schema.data.fields]
-    return F.when(typed.isNotNull(), F.struct(*fields, F.lit(None).cast("string").alias("_corrupt"))).otherwise(parsed)
+    values = [
+        (logical.converted(f, parsed[f.name]) if f in special else parsed[f.name]).alias(f.name)
+        for f in schema.data.fields
+    ]
+    return F.struct(*values, parsed["_corrupt"].alias("_corrupt"))
 
 
 def _count(text: Column, char: str) -> Column:
@@ -525,6 +579,30 @@ def _plain_key(key_text: Column, key_struct: Column, columns: Sequence[str]) -> 
         & (F.length(F.translate(after, " \t\n\r", "")) == 0)
     )
     return F.coalesce(plain, F.lit(False))
+
+
+def _connect(env_df: DataFrame, schema: TableSchema) -> Column | None:
+    """A Debezium table's column of the records' field schemas (:data:`logical.CONNECT_FIELDS`), else None."""
+    if schema.table.format == "debezium" and logical.CONNECT_FIELDS in env_df.columns:
+        return F.col(logical.CONNECT_FIELDS)
+    return None
+
+
+def _bad_column(field: T.StructField, connect: Column | None) -> Column:
+    """How a mistyped column is named in the reason: its type, and for a number in a TIMESTAMP or DATE column that
+    no schema gives a unit, why."""
+    plain = F.lit(f"{field.name} ({field.dataType.simpleString()})")
+    if not (logical.is_timestamp(field.dataType) or isinstance(field.dataType, T.DateType)):
+        return plain
+    how = (
+        "a number with no unit: send Debezium's schema with it (value.converter.schemas.enable=true)"
+        if connect is not None
+        else "a number with no unit: send a string such as 2024-05-06T10:15:30Z"
+    )
+    unit_less = logical.is_number(logical.wire(field.name))
+    if connect is not None:
+        unit_less = unit_less & logical.field_schema(field.name, connect)["name"].isNull()
+    return F.when(unit_less, F.lit(f"{field.name} ({field.dataType.simpleString()}, {how})")).otherwise(plain)
 
 
 def _is_floating(data_type: T.DataType) -> bool:

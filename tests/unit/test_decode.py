@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import datetime
 from typing import Any
@@ -11,7 +12,7 @@ from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from replica_lib import decode
+from replica_lib import decode, logical
 from replica_lib.config import ReplicaConfig, parse_replica
 from replica_lib.target import TableSchema, table_schema
 
@@ -488,7 +489,8 @@ def test_envelope_columns(spark: SparkSession, fmt: str) -> None:
     cfg = replica({"orders": {**ORDERS, "format": fmt}})
     env_df = decode.envelopes(spark.createDataFrame([], RAW_SCHEMA), cfg, schemas_of(cfg))
     # A native topic that carries one table also brings its rows typed by the envelope's parse.
-    typed = [decode.typed_data_column("orders")] if fmt == "native" else []
+    # A Debezium topic's records bring their Connect schema's field schemas (for logical types).
+    typed = [decode.typed_data_column("orders")] if fmt == "native" else [logical.CONNECT_FIELDS]
     assert env_df.columns == [*decode.ENVELOPE_COLUMNS, *typed]
 
 
@@ -649,3 +651,167 @@ def test_debezium_records_are_as_strict(spark: SparkSession) -> None:
         (6, "key has a field that is not a key column: db (the key columns: id)"),
         (7, "value has content after its JSON object"),
     ]
+
+
+# ---------------------------------------------------------------------------------------------- logical types
+EVENTS = {
+    "topic": "dbz",
+    "format": "debezium",
+    "keys": ["id"],
+    "schema": "id BIGINT, note STRING, at TIMESTAMP, at_local TIMESTAMP_NTZ, day DATE, price DECIMAL(10,2), "
+    "ratio DECIMAL(20,5)",
+}
+AT = datetime(2024, 5, 6, 10, 15, 30, 123456)
+AT_MICROS = 1_714_990_530_123_456  # AT in UTC
+DAY_COUNT = 19_849  # 2024-05-06
+
+
+def unscaled(value: int) -> str:
+    """A Connect Decimal's unscaled value: big-endian two's complement, base64."""
+    size = max(1, (value.bit_length() + 8) // 8)
+    return base64.b64encode(value.to_bytes(size, "big", signed=True)).decode()
+
+
+def connect_schema(columns: dict[str, tuple[str, str | None, dict[str, str] | None]]) -> dict[str, Any]:
+    """A Debezium envelope's Connect schema whose row image has ``columns``: name -> (type, logical name, params)."""
+    fields = []
+    for name, (kind, logical_name, parameters) in columns.items():
+        field: dict[str, Any] = {"type": kind, "optional": True, "field": name}
+        if logical_name:
+            field["name"] = logical_name
+        if parameters:
+            field["parameters"] = parameters
+        fields.append(field)
+    row = {"type": "struct", "fields": fields, "optional": True, "name": "shop.public.events.Value"}
+    return {
+        "type": "struct",
+        "fields": [
+            {**row, "field": "before"},
+            {**row, "field": "after"},
+            {"type": "struct", "fields": [], "optional": False, "field": "source"},
+            {"type": "string", "optional": False, "field": "op"},
+        ],
+        "optional": False,
+        "name": "shop.public.events.Envelope",
+    }
+
+
+def with_schema(payload: dict[str, Any], **units: tuple[str, str | None, dict[str, str] | None]) -> dict[str, Any]:
+    columns = {"id": ("int64", None, None), "note": ("string", None, None), **units}
+    return {"schema": connect_schema(columns), "payload": payload}
+
+
+MICRO = ("int64", "io.debezium.time.MicroTimestamp", None)
+DECIMAL_2 = ("bytes", "org.apache.kafka.connect.data.Decimal", {"scale": "2", "connect.decimal.precision": "10"})
+
+
+def test_debezium_values_are_converted_by_their_logical_type_and_never_guessed(spark: SparkSession) -> None:
+    cfg = replica({"events": EVENTS})
+    row = {"id": 1, "note": "n", "at": None, "at_local": None, "day": None, "price": None, "ratio": None}
+    dated = {
+        **row,
+        "at": AT_MICROS,
+        "at_local": AT_MICROS,
+        "day": DAY_COUNT,
+        "price": unscaled(12345),
+        "ratio": {"scale": 3, "value": unscaled(-1234567)},
+    }
+    units = {
+        "at": MICRO,
+        "at_local": MICRO,
+        "day": ("int32", "io.debezium.time.Date", None),
+        "price": DECIMAL_2,
+        "ratio": ("struct", "io.debezium.data.VariableScaleDecimal", None),
+    }
+    millis = ("int64", "io.debezium.time.Timestamp", None)
+    nanos = ("int64", "io.debezium.time.NanoTimestamp", None)
+    zoned = ("string", "io.debezium.time.ZonedTimestamp", None)
+    decimal_3 = ("bytes", "org.apache.kafka.connect.data.Decimal", {"scale": "3"})
+    rows = [
+        record({"id": 1}, with_schema(dbz("c", None, dated), **units), 0, topic="dbz"),
+        record({"id": 2}, with_schema(dbz("c", None, {**row, "id": 2, "at": AT_MICROS // 1000}), at=millis), 1, "dbz"),
+        record({"id": 3}, with_schema(dbz("c", None, {**row, "id": 3, "at": AT_MICROS * 1000}), at=nanos), 2, "dbz"),
+        record(
+            {"id": 4},
+            with_schema(dbz("c", None, {**row, "id": 4, "at": "2024-05-06T10:15:30.123456Z"}), at=zoned),
+            3,
+            "dbz",
+        ),
+        record(
+            {"id": 5}, with_schema(dbz("c", None, {**row, "id": 5, "price": unscaled(-5)}), price=DECIMAL_2), 4, "dbz"
+        ),
+        record(
+            {"id": 6},
+            with_schema(dbz("c", None, {**row, "id": 6, "price": unscaled(123450)}), price=decimal_3),
+            5,
+            "dbz",
+        ),
+        # Refused: a unit that loses digits, a unit-less number, a value its column cannot hold, a missing value.
+        record(
+            {"id": 7}, with_schema(dbz("c", None, {**row, "id": 7, "at": AT_MICROS * 1000 + 1}), at=nanos), 6, "dbz"
+        ),
+        record({"id": 8}, dbz("c", None, {**row, "id": 8, "at": AT_MICROS}), 7, topic="dbz"),
+        record(
+            {"id": 9},
+            with_schema(dbz("c", None, {**row, "id": 9, "price": unscaled(123456)}), price=decimal_3),
+            8,
+            "dbz",
+        ),
+        record(
+            {"id": 10},
+            with_schema(dbz("c", None, {**row, "id": 10, "price": unscaled(10**12)}), price=DECIMAL_2),
+            9,
+            "dbz",
+        ),
+        record({"id": 11}, dbz("u", None, {**row, "id": 11, "note": "__debezium_unavailable_value"}), 10, topic="dbz"),
+        record({"id": 12}, dbz("c", None, {**row, "id": 12, "day": DAY_COUNT}), 11, topic="dbz"),
+    ]
+    changes_df = decode_table(spark, cfg, rows, "events")
+
+    unit_less = "a number with no unit: send Debezium's schema with it (value.converter.schemas.enable=true)"
+    assert errors(changes_df) == [
+        (6, "data does not match the table schema: at (timestamp)"),
+        (7, f"data does not match the table schema: at (timestamp, {unit_less})"),
+        (8, "data does not match the table schema: price (decimal(10,2))"),
+        (9, "data does not match the table schema: price (decimal(10,2))"),
+        (
+            10,
+            "Debezium sent no value for note ('__debezium_unavailable_value': an unchanged TOASTed value; set "
+            "REPLICA IDENTITY FULL on the source table, see the README's Debezium settings)",
+        ),
+        (11, f"data does not match the table schema: day (date, {unit_less})"),
+    ]
+    got = {
+        r["id"]: r
+        for r in decode.valid(changes_df)
+        .select("id", F.unix_micros("at").alias("at"), "at_local", "day", "price", "ratio")
+        .collect()
+    }
+    assert sorted(got) == [1, 2, 3, 4, 5, 6]
+    assert got[1]["at"] == AT_MICROS and got[1]["at_local"] == AT
+    assert str(got[1]["day"]) == "2024-05-06"
+    assert (str(got[1]["price"]), str(got[1]["ratio"])) == ("123.45", "-1234.56700")
+    assert got[2]["at"] == AT_MICROS // 1000 * 1000
+    assert got[3]["at"] == got[4]["at"] == AT_MICROS
+    assert (str(got[5]["price"]), str(got[6]["price"])) == ("-0.05", "123.45")
+
+
+def test_a_number_for_a_native_timestamp_has_no_unit_and_is_refused(spark: SparkSession) -> None:
+    cfg = replica({"events": {"topic": "ev", "keys": ["id"], "schema": "id BIGINT, at TIMESTAMP, day DATE"}})
+
+    def up(at: Any, day: Any = None) -> dict[str, Any]:
+        return {"op": "upsert", "data": {"id": 1, "at": at, "day": day}}
+
+    rows = [
+        record({"id": 1}, up("2024-05-06T10:15:30.123456Z", "2024-05-06"), 0, topic="ev"),
+        record({"id": 1}, up(1714990530), 1, topic="ev"),
+        record({"id": 1}, up(None, 19849), 2, topic="ev"),
+    ]
+    changes_df = decode_table(spark, cfg, rows, "events")
+    how = "a number with no unit: send a string such as 2024-05-06T10:15:30Z"
+    assert errors(changes_df) == [
+        (1, f"data does not match the table schema: at (timestamp, {how})"),
+        (2, f"data does not match the table schema: day (date, {how})"),
+    ]
+    (valid,) = decode.valid(changes_df).select(F.unix_micros("at").alias("at")).collect()
+    assert valid["at"] == AT_MICROS

@@ -1,0 +1,186 @@
+"""Kafka Connect and Debezium logical types: the unit or encoding that a record's own schema gives a value.
+
+Debezium's JSON converter sends a timestamp as a count of milli-, micro- or nanoseconds, a date as a count of days
+and a DECIMAL as the base64 bytes of its unscaled value; only the record's Connect schema (the ``schema`` block of a
+wrapped record) says which. Values are converted by that schema, never by guessing: a number for a TIMESTAMP column
+with no unit is refused (decoding quarantines it), and so is a value its column cannot hold exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import reduce
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+#: The envelope column holding the field schemas of a Debezium record's row image (null without a Connect schema).
+CONNECT_FIELDS = "_connect_fields"
+_CONNECT_SCHEMA = (
+    "fields ARRAY<STRUCT<field: STRING, "
+    "fields: ARRAY<STRUCT<field: STRING, name: STRING, parameters: MAP<STRING, STRING>>>>>"
+)
+#: What Debezium sends for a value it does not have (an unchanged TOASTed column of a PostgreSQL update).
+UNAVAILABLE = "__debezium_unavailable_value"
+
+_MILLIS = ("io.debezium.time.Timestamp", "org.apache.kafka.connect.data.Timestamp")
+_MICROS = "io.debezium.time.MicroTimestamp"
+_NANOS = "io.debezium.time.NanoTimestamp"
+_DAYS = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")
+_DECIMAL = "org.apache.kafka.connect.data.Decimal"
+_VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+# Spark's timestamps run from 0001-01-01 to 9999-12-31: microseconds from the epoch, and days.
+_MIN_MICROS, _MAX_MICROS = -62_135_596_800_000_000, 253_402_300_799_999_999
+_MIN_DAYS, _MAX_DAYS = -719_162, 2_932_896
+#: A JSON number as ``get_json_object`` renders it (a string holding only digits looks the same; both are refused).
+_NUMBER = r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$"
+
+
+def connect_fields(schema_text: Column) -> Column:
+    """The field schemas of the row image (``after``, else ``before``) in a record's Connect schema, or null."""
+    schema = F.from_json(schema_text, _CONNECT_SCHEMA, {"mode": "PERMISSIVE"})
+
+    def image(name: str) -> Column:
+        return F.try_element_at(F.filter(schema["fields"], lambda f: f["field"] == name), F.lit(1))["fields"]
+
+    return F.coalesce(image("after"), image("before"))
+
+
+def field_schema(name: str, fields: Column) -> Column:
+    """Column ``name``'s schema among a record's :func:`connect_fields` (``name``: its logical type, if any)."""
+    return F.try_element_at(F.filter(fields, lambda f: f["field"] == name), F.lit(1))
+
+
+def is_temporal_or_decimal(data_type: T.DataType) -> bool:
+    """Whether a column's values may need a unit or an encoding from the record's schema."""
+    return isinstance(data_type, (T.TimestampType, T.TimestampNTZType, T.DateType, T.DecimalType))
+
+
+def is_timestamp(data_type: T.DataType) -> bool:
+    return isinstance(data_type, (T.TimestampType, T.TimestampNTZType))
+
+
+def wire(name: str) -> Column:
+    """A row's value of column ``name`` as its JSON text (a string's content; null where absent or JSON null)."""
+    return F.get_json_object(F.col("_data_json"), f"$.{name}")
+
+
+def is_number(text: Column) -> Column:
+    return F.coalesce(text.rlike(_NUMBER), F.lit(False))
+
+
+def converted(field: T.StructField, declared: Column) -> Column:
+    """A native row's value of column ``field`` as the typed parse read it (``declared``), except that a number for
+    a TIMESTAMP or DATE column is refused (null): the contract sends them as strings."""
+    if is_timestamp(field.dataType) or isinstance(field.dataType, T.DateType):
+        return F.when(is_number(wire(field.name)), F.lit(None).cast(field.dataType)).otherwise(declared)
+    return declared
+
+
+def from_text(field: T.StructField, text: Column, fields: Column) -> Column:
+    """A Debezium row's value of column ``field`` from its JSON text: by the logical type the record's schema
+    (``fields``) gives it, else cast from the text; a number for a TIMESTAMP or DATE column with no logical type is
+    refused (null)."""
+    plain = text.try_cast(field.dataType)
+    if is_timestamp(field.dataType) or isinstance(field.dataType, T.DateType):
+        plain = F.when(is_number(text), F.lit(None).cast(field.dataType)).otherwise(plain)
+    schema = field_schema(field.name, fields)
+    by_schema = _by_logical_type(field.dataType, schema["name"], schema["parameters"], text)
+    if by_schema is None:
+        return plain
+    return F.when(by_schema[0], by_schema[1]).otherwise(plain)
+
+
+def _by_logical_type(
+    data_type: T.DataType, name: Column, parameters: Column, text: Column
+) -> tuple[Column, Column] | None:
+    """(whether the logical type ``name`` applies, the converted value) for a column of ``data_type``."""
+    count = text.try_cast("bigint")
+    if is_timestamp(data_type):
+        micros = (
+            F.when(name.isin(*_MILLIS), F.try_multiply(count, F.lit(1000)))
+            .when(name == _MICROS, count)
+            .when(name == _NANOS, _exact_div(count, 1000))
+        )
+        value = F.when(micros.between(_MIN_MICROS, _MAX_MICROS), F.timestamp_micros(micros))
+        return name.isin(*_MILLIS, _MICROS, _NANOS), value.cast(data_type)
+    if isinstance(data_type, T.DateType):
+        days = F.when(count.between(_MIN_DAYS, _MAX_DAYS), count.cast("int"))
+        return name.isin(*_DAYS), F.date_add(F.lit("1970-01-01").cast("date"), days)
+    if isinstance(data_type, T.DecimalType):
+        scale = F.try_element_at(parameters, F.lit("scale")).try_cast("int")
+        fixed = _decimal(F.try_to_binary(text, F.lit("base64")), scale, data_type)
+        variable = _decimal(
+            F.try_to_binary(F.get_json_object(text, "$.value"), F.lit("base64")),
+            F.get_json_object(text, "$.scale").try_cast("int"),
+            data_type,
+        )
+        return name.isin(_DECIMAL, _VARIABLE_DECIMAL), F.when(name == _DECIMAL, fixed).otherwise(variable)
+    return None
+
+
+def _exact_div(count: Column, by: int) -> Column:
+    """``count / by`` where it divides exactly (a finer value than Spark keeps is refused, not truncated)."""
+    return F.when(F.pmod(count, F.lit(by)) == 0, (count - F.pmod(count, F.lit(by))).cast("decimal(20,0)") / by).cast(
+        "bigint"
+    )
+
+
+def _decimal(unscaled_bytes: Column, scale: Column, data_type: T.DecimalType) -> Column:
+    """A Connect Decimal (big-endian two's-complement unscaled value, and its scale) as ``data_type``, exactly:
+    null where the value needs more digits than the column has, or more fraction digits than its scale."""
+    digits = _unsigned_digits(unscaled_bytes)
+    negative = F.substr(F.hex(unscaled_bytes), F.lit(1), F.lit(1)).isin(*"89ABCDEF")
+    width = F.greatest(F.length(digits), scale + 1)
+    padded = F.lpad(digits, width, "0")
+    split = width - scale
+    text = F.concat(
+        F.when(negative, F.lit("-")).otherwise(F.lit("")),
+        F.substr(padded, F.lit(1), split),
+        F.when(scale > 0, F.concat(F.lit("."), F.substr(padded, split + 1, scale))).otherwise(F.lit("")),
+    )
+    # Fraction digits beyond the column's scale must be zeros: a cast would round them away.
+    extra = F.greatest(scale - data_type.scale, F.lit(0))
+    exact = F.regexp_replace(F.substr(padded, width - extra + 1, extra), "0", "") == ""
+    in_range = (F.octet_length(unscaled_bytes) <= 16) & scale.between(0, 38)
+    return F.when(in_range & exact, text.try_cast(data_type))
+
+
+def _unsigned_digits(unscaled_bytes: Column) -> Column:
+    """The magnitude of a two's-complement big-endian integer, in decimal digits (up to 16 bytes)."""
+    hexed = F.hex(unscaled_bytes)
+    negative = F.substr(hexed, F.lit(1), F.lit(1)).isin(*"89ABCDEF")
+    positions = F.sequence(F.lit(0), F.octet_length(unscaled_bytes) - 1)
+
+    def byte(i: Column) -> Column:
+        value = F.conv(F.substr(hexed, i * 2 + 1, F.lit(2)), 16, 10).cast("int")
+        return F.when(negative, 255 - value).otherwise(value)  # a negative's magnitude is ~bits + 1
+
+    zero = F.lit(0).cast("decimal(38,0)")
+    magnitude = F.aggregate(
+        F.transform(positions, byte),
+        zero,
+        lambda acc, b: F.try_add(F.try_multiply(acc, F.lit(256)), b).cast("decimal(38,0)"),
+    )
+    magnitude = F.when(negative, F.try_add(magnitude, F.lit(1)).cast("decimal(38,0)")).otherwise(magnitude)
+    return F.when(F.octet_length(unscaled_bytes) > 0, magnitude.cast("string"))
+
+
+def unavailable(fields: Sequence[T.StructField], data: Column) -> Column:
+    """The names of the columns of a row (``data``) that hold Debezium's placeholder for a value it did not send,
+    comma-separated; empty if none."""
+    placeholder = F.lit(UNAVAILABLE)
+    checks = []
+    for field in fields:
+        value = data[field.name]
+        if isinstance(field.dataType, T.StringType):
+            hit = value == placeholder
+        elif isinstance(field.dataType, T.BinaryType):
+            hit = value == F.lit(UNAVAILABLE.encode()).cast("binary")
+        elif isinstance(field.dataType, T.ArrayType) and isinstance(field.dataType.elementType, T.StringType):
+            hit = F.array_contains(value, placeholder)
+        else:
+            continue
+        checks.append(F.when(F.coalesce(hit, F.lit(False)), F.lit(field.name)))
+    return reduce(lambda a, b: F.concat_ws(", ", a, b), checks) if checks else F.lit("")
