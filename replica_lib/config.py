@@ -33,6 +33,7 @@ A replica is one TOML file in ``conf/``::
     schema = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING"
     target = { path = "${REPLICA_STATE_DIR}/warehouse/orders_a/orders" }   # or { table = "db.orders" }
     layout = "copy-on-write"                # optional; or "merge-on-read" (with fold_every_batches = 10)
+    deletion_vectors = true                 # optional; false: a table every Delta reader opens (see README)
 
 ``${VAR}`` and ``${VAR:-default}`` take values from the environment, so secrets stay out of files
 (``REPLICA_DATA_DIR`` defaults to ``<state>/data``, where the example replicas keep tables); values of
@@ -336,6 +337,11 @@ class TableConfig:
     #: merge-on-read: the replica folds the change log into the table after every this-many-th batch (by batch
     #: id); 0 leaves folding to ``jobs/maintain.py --fold``.
     fold_every_batches: int = 10
+    #: Whether the table is created with Delta's deletion vectors, so that a MERGE into a large table marks the
+    #: rows it replaces instead of rewriting their files. Readers without deletion-vector support (the
+    #: ``deltalake`` package's pyarrow and pandas readers, Polars) cannot open such a table at all; with False
+    #: every MERGE rewrites the files it touches.
+    deletion_vectors: bool = True
 
     @property
     def merge_on_read(self) -> bool:
@@ -629,7 +635,7 @@ def _parse_table(r: _Reader, name: str, doc: Any) -> TableConfig:
     if not isinstance(doc, dict):
         raise r.fail(where, "must be a table", f"write it as [{where}]")
     allowed = {"topic", "format", "keys", "sequence_by", "schema", "target", "include_columns", "exclude_columns"}
-    r.only(doc, where, allowed | {"layout", "fold_every_batches"})
+    r.only(doc, where, allowed | {"layout", "fold_every_batches", "deletion_vectors"})
     fmt = r.string(doc, "format", where, "native")
     if fmt not in FORMATS:
         raise r.fail(f"{where}.format", f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
@@ -658,6 +664,7 @@ def _parse_table(r: _Reader, name: str, doc: Any) -> TableConfig:
         fold_every_batches=r.integer(
             doc, "fold_every_batches", where, 10, 0, "e.g. fold_every_batches = 10 (0: only jobs/maintain.py folds)"
         ),
+        deletion_vectors=r.boolean(doc, "deletion_vectors", where, True),
     )
     if table.include_columns and table.exclude_columns:
         raise r.fail(where, "both include_columns and exclude_columns are set", "keep only one of them")

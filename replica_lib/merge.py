@@ -194,7 +194,9 @@ def merge_rows(
     # The winners are materialized already (a local checkpoint, the same rows however often it is read); Delta
     # would otherwise copy them once more (to disk), as it does for any MERGE source that is not a Delta table.
     confs = {_MATERIALIZE_SOURCE: "none"}
-    if spark.conf.get(MERGE_DELETION_VECTORS, None) is None:  # a setting of the user's own stands
+    if not schema.table.deletion_vectors:  # a table without them: the MERGE rewrites, and asking costs a job
+        confs[MERGE_DELETION_VECTORS] = "false"
+    elif spark.conf.get(MERGE_DELETION_VECTORS, None) is None:  # a setting of the user's own stands
         confs[MERGE_DELETION_VECTORS] = str(_deletion_vectors(spark, target)).lower()
     with idempotent(spark, commit), _session_confs(spark, confs):
         metrics = (

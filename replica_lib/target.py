@@ -169,12 +169,16 @@ def table_id(spark: SparkSession, target: Target) -> str | None:
 
 
 def ensure_table(
-    spark: SparkSession, target: Target, schema: T.StructType, description: str, deletion_vectors: bool = False
+    spark: SparkSession,
+    target: Target,
+    schema: T.StructType,
+    description: str,
+    deletion_vectors: bool | None = None,
 ) -> None:
     """Create the Delta table if it does not exist; an existing one must have exactly ``schema``'s columns.
 
-    ``deletion_vectors``: for tables that MERGE updates in place (a replica table), so that a batch marks the rows
-    it replaces instead of rewriting their files. Append-only tables go without: their reads are cheaper.
+    ``deletion_vectors``: a replica table's setting (``TableConfig.deletion_vectors``), which an existing table
+    must match; None for append-only tables, which go without them (their reads are cheaper).
     """
     from delta.tables import DeltaTable
 
@@ -190,12 +194,38 @@ def ensure_table(
                 "restore the config's schema, or rebuild the replica: new table locations and a new, empty "
                 "replica.checkpoint folder (the old checkpoint would skip the log already applied)",
             )
+        if deletion_vectors is not None:
+            _check_deletion_vectors(spark, target, deletion_vectors)
         return
     builder = DeltaTable.createIfNotExists(spark).addColumns(schema).comment(description)
     builder = builder.location(target.path) if target.path else builder.tableName(str(target.table))
-    builder = builder.property("delta.enableDeletionVectors", "true" if deletion_vectors else "false")
+    builder = builder.property(_DELETION_VECTORS, "true" if deletion_vectors else "false")
     builder.execute()
     logger.info("created Delta table %s", target.describe())
+
+
+_DELETION_VECTORS = "delta.enableDeletionVectors"
+
+
+def _check_deletion_vectors(spark: SparkSession, target: Target, wanted: bool) -> None:
+    """Refuse a replica table whose deletion-vector setting is not the config's: readers were promised one."""
+    properties = {row["key"]: row["value"] for row in spark.sql(f"SHOW TBLPROPERTIES {target.describe()}").collect()}
+    has = properties.get(_DELETION_VECTORS) == "true"
+    if has == wanted:
+        return
+    name = target.describe()
+    fix = (
+        f"ALTER TABLE {name} SET TBLPROPERTIES ('{_DELETION_VECTORS}' = 'true') in ./replica sql"
+        if wanted
+        else f"ALTER TABLE {name} DROP FEATURE deletionVectors in ./replica sql (see Delta's docs: it may need "
+        "to be run again after the log retention) or rebuild it with jobs/rebuild.py"
+    )
+    raise ConfigError(
+        name,
+        "deletion_vectors",
+        f"the existing table has deletion vectors {'off' if wanted else 'on'}, the config says {str(wanted).lower()}",
+        f"set deletion_vectors = {str(has).lower()} in the table's section, or change the table: {fix}",
+    )
 
 
 def ensure_replica_tables(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, TableSchema]:
@@ -204,7 +234,11 @@ def ensure_replica_tables(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, 
     for table in cfg.tables:
         schema = table_schema(table, cfg.source_file)
         ensure_table(
-            spark, table.target, schema.replica_schema, f"replica {cfg.name}: table {table.name}", deletion_vectors=True
+            spark,
+            table.target,
+            schema.replica_schema,
+            f"replica {cfg.name}: table {table.name}",
+            deletion_vectors=table.deletion_vectors,
         )
         ensure_table(
             spark,

@@ -233,6 +233,7 @@ OFFSETS_FIX = """e.g. "earliest", or per partition '{"orders": {"0": 42, "1": -2
             "tables.orders.fold_every_batches",
             'remove fold_every_batches, or set layout = "merge-on-read"',
         ),
+        (("tables", "orders", "deletion_vectors"), "no", "tables.orders.deletion_vectors", "write true or false"),
         (("tables", "orders", "keys"), [], "tables.orders.keys", "name at least one key column"),
         (("tables", "orders", "keys"), "order_id", "tables.orders.keys", '["col", ...]'),
         (("tables", "orders", "keys"), ["order id"], "tables.orders.keys", '["col", ...]'),
@@ -277,6 +278,12 @@ def test_a_merge_on_read_table_folds_every_ten_batches_unless_told() -> None:
     doc["tables"]["orders"]["fold_every_batches"] = -1
     assert config_error(doc).key == "tables.orders.fold_every_batches"
     assert not parse_replica(base_doc(), SOURCE, {}).table("orders").merge_on_read
+
+
+def test_tables_have_deletion_vectors_unless_told() -> None:
+    assert parse_replica(base_doc(), SOURCE, {}).table("orders").deletion_vectors
+    doc = with_value(("tables", "orders", "deletion_vectors"), False)
+    assert not parse_replica(doc, SOURCE, {}).table("orders").deletion_vectors
 
 
 def test_a_change_log_may_not_share_a_place_with_another_table() -> None:
