@@ -24,6 +24,7 @@ from replica_lib.batch import BatchHandler, BatchHooks, BatchStats
 from replica_lib.config import ReplicaConfig, Target
 from replica_lib.errors import ConfigError, RebuildError
 from replica_lib.layout import fold
+from replica_lib.meter import metered
 from replica_lib.progress import Offsets, path_exists, read_text, write_text
 from replica_lib.recovery import lock_checkpoint
 from replica_lib.source import check_reachable
@@ -152,10 +153,29 @@ def plan(spark: SparkSession, shadow: ReplicaConfig, until: Offsets | None) -> P
     return new
 
 
-def read_range(spark: SparkSession, cfg: ReplicaConfig, ends: Offsets) -> DataFrame:
-    """Every committed record of the replica's topics from the log's start up to ``ends`` (Spark's batch read)."""
+#: About how many records one task of a rebuild's read takes: the read is split into tasks of about this size, so
+#: that the progress meter can count records by finished tasks (and a large partition is read in parallel).
+RECORDS_PER_TASK = 100_000
+
+
+def records_to_read(cfg: ReplicaConfig, ends: Offsets) -> int:
+    """How many offsets lie below ``ends`` from where each partition starts now (the log's end if unknown)."""
+    client = cfg.kafka.client_config()
+    starts: Offsets = {}
+    if client.settings is not None:
+        admin = TopicAdmin(client.settings)
+        starts = {topic: admin.earliest_offsets(topic) for topic in ends}
+    return sum(max(0, end - starts.get(t, {}).get(p, 0)) for t, parts in ends.items() for p, end in parts.items())
+
+
+def read_range(spark: SparkSession, cfg: ReplicaConfig, ends: Offsets, records: int = 0) -> DataFrame:
+    """Every committed record of the replica's topics from the log's start up to ``ends`` (Spark's batch read),
+    in tasks of about :data:`RECORDS_PER_TASK` of the ``records`` expected."""
     ending = {t: {str(p): o for p, o in parts.items()} for t, parts in ends.items()}
     options = cfg.kafka.spark_options()
+    partitions = sum(len(parts) for parts in ends.values())
+    if records > RECORDS_PER_TASK * partitions:
+        options["minPartitions"] = str(-(-records // RECORDS_PER_TASK))
     options.update(
         {
             "subscribe": ",".join(cfg.topics),
@@ -194,7 +214,11 @@ def rebuild(
             root,
             ", ".join(f"{t}:" + ",".join(f"{p}={o}" for p, o in sorted(e.items())) for t, e in the_plan.ends.items()),
         )
-        stats = handler.apply(read_range(session, shadow, the_plan.ends), 0, the_plan.ends, the_plan.generation)
+        total = records_to_read(shadow, the_plan.ends)
+        with metered(session, f"rebuild {cfg.name}", total):
+            stats = handler.apply(
+                read_range(session, shadow, the_plan.ends, total), 0, the_plan.ends, the_plan.generation
+            )
         for schema in schemas.values():
             if schema.table.merge_on_read:  # the rebuilt table holds its state itself, as a reader expects
                 logger.info("rebuild %s: %s", shadow.name, fold(session, shadow.name, schema).line(schema.table.name))
