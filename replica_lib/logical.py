@@ -103,8 +103,11 @@ def _by_logical_type(
             .when(name == _MICROS, count)
             .when(name == _NANOS, _exact_div(count, 1000))
         )
-        value = F.when(micros.between(_MIN_MICROS, _MAX_MICROS), F.timestamp_micros(micros))
-        return name.isin(*_MILLIS, _MICROS, _NANOS), value.cast(data_type)
+        in_range = micros.between(_MIN_MICROS, _MAX_MICROS)
+        if isinstance(data_type, T.TimestampNTZType):  # wall-clock time, whatever the session's time zone
+            epoch = F.lit("1970-01-01 00:00:00").cast("timestamp_ntz")
+            return name.isin(*_MILLIS, _MICROS, _NANOS), F.when(in_range, F.timestamp_add("MICROSECOND", micros, epoch))
+        return name.isin(*_MILLIS, _MICROS, _NANOS), F.when(in_range, F.timestamp_micros(micros))
     if isinstance(data_type, T.DateType):
         days = F.when(count.between(_MIN_DAYS, _MAX_DAYS), count.cast("int"))
         return name.isin(*_DAYS), F.date_add(F.lit("1970-01-01").cast("date"), days)
