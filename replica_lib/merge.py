@@ -279,10 +279,19 @@ def append_metrics(
     _append(target, spark.createDataFrame(list(rows), schema), commit)
 
 
-def _append(target: Target, rows_df: DataFrame, commit: Commit) -> None:
+def replace_rows(target: Target, rows_df: DataFrame, commit: Commit) -> None:
+    """Replace a table's rows with ``rows_df`` in one commit (an idempotent overwrite).
+
+    Readers see the old rows or the new, never a mix; the table keeps its id, properties and history, so time
+    travel still reaches the old rows.
+    """
+    _append(target, rows_df, commit, mode="overwrite")
+
+
+def _append(target: Target, rows_df: DataFrame, commit: Commit, mode: str = "append") -> None:
     writer = (
         rows_df.write.format("delta")
-        .mode("append")
+        .mode(mode)
         .option("txnAppId", commit.app_id)
         .option("txnVersion", commit.batch_id)
         .option("userMetadata", commit.user_metadata())

@@ -41,6 +41,14 @@ def write_text(spark: SparkSession, path: str, text: str) -> None:
         stream.close()
 
 
+def rename_path(spark: SparkSession, source: str, destination: str) -> None:
+    """Rename a file or folder (atomic on a local disk and HDFS); raises if ``destination`` exists."""
+    fs, src = _fs(spark, source)
+    _, dst = _fs(spark, destination)
+    if fs.exists(dst) or not fs.rename(src, dst):
+        raise OSError(f"could not rename {source} to {destination}")
+
+
 def read_text(spark: SparkSession, path: str) -> str:
     """Read a small file through Hadoop's FileSystem (``spark.read`` would skip names starting with ``_``)."""
     fs, hadoop_path = _fs(spark, path)

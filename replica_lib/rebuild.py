@@ -131,17 +131,14 @@ def log_ends(cfg: ReplicaConfig) -> Offsets:
 
 def plan(spark: SparkSession, shadow: ReplicaConfig, until: Offsets | None) -> Plan:
     """The rebuild's plan: the one recorded by an earlier run into the same folder, else a new one (recorded)."""
-    path = f"{shadow.checkpoint}/{PLAN_FILE}"
-    if path_exists(spark, path):
-        recorded = json.loads(read_text(spark, path))
-        ends = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in recorded["ends"].items()}
-        previous = Plan(ends, str(recorded["generation"]))
+    previous = recorded_plan(spark, shadow)
+    if previous is not None:
         if until is not None and until != previous.ends:
             raise RebuildError(
-                f"{shadow.checkpoint} holds a rebuild up to {json.dumps(recorded['ends'])}, not the one asked; "
+                f"{shadow.checkpoint} holds a rebuild up to {_offsets_json(previous.ends)}, not the one asked; "
                 "rebuild into another folder, or remove this one first"
             )
-        logger.info("rebuild %s: going on with the recorded plan up to %s", shadow.name, json.dumps(recorded["ends"]))
+        logger.info("rebuild %s: going on with the recorded plan up to %s", shadow.name, _offsets_json(previous.ends))
         return previous
     new = Plan.of(until if until is not None else log_ends(shadow))
     missing = sorted(set(shadow.topics) - set(new.ends))
@@ -149,8 +146,18 @@ def plan(spark: SparkSession, shadow: ReplicaConfig, until: Offsets | None) -> P
         raise RebuildError(f"no end offsets given for topic(s) {', '.join(missing)} of replica {shadow.name}")
     for warning in preflight(shadow, new.ends):
         logger.warning("rebuild %s: %s", shadow.name, warning)
-    write_text(spark, path, new.to_json())
+    write_text(spark, f"{shadow.checkpoint}/{PLAN_FILE}", new.to_json())
     return new
+
+
+def recorded_plan(spark: SparkSession, shadow: ReplicaConfig) -> Plan | None:
+    """The plan an earlier run recorded in the rebuild's folder, or None."""
+    path = f"{shadow.checkpoint}/{PLAN_FILE}"
+    if not path_exists(spark, path):
+        return None
+    recorded = json.loads(read_text(spark, path))
+    ends = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in recorded["ends"].items()}
+    return Plan(ends, str(recorded["generation"]))
 
 
 #: About how many records one task of a rebuild's read takes: the read is split into tasks of about this size, so
@@ -168,9 +175,11 @@ def records_to_read(cfg: ReplicaConfig, ends: Offsets) -> int:
     return sum(max(0, end - starts.get(t, {}).get(p, 0)) for t, parts in ends.items() for p, end in parts.items())
 
 
-def read_range(spark: SparkSession, cfg: ReplicaConfig, ends: Offsets, records: int = 0) -> DataFrame:
-    """Every committed record of the replica's topics from the log's start up to ``ends`` (Spark's batch read),
-    in tasks of about :data:`RECORDS_PER_TASK` of the ``records`` expected."""
+def read_range(
+    spark: SparkSession, cfg: ReplicaConfig, ends: Offsets, records: int = 0, starts: Offsets | None = None
+) -> DataFrame:
+    """Every committed record of the replica's topics from ``starts`` (default: the log's start) up to ``ends``
+    (Spark's batch read), in tasks of about :data:`RECORDS_PER_TASK` of the ``records`` expected."""
     ending = {t: {str(p): o for p, o in parts.items()} for t, parts in ends.items()}
     options = cfg.kafka.spark_options()
     partitions = sum(len(parts) for parts in ends.values())
@@ -179,7 +188,7 @@ def read_range(spark: SparkSession, cfg: ReplicaConfig, ends: Offsets, records: 
     options.update(
         {
             "subscribe": ",".join(cfg.topics),
-            "startingOffsets": "earliest",
+            "startingOffsets": "earliest" if starts is None else _offsets_json(starts),
             "endingOffsets": json.dumps(ending),
             "failOnDataLoss": "true",
             "kafka.isolation.level": "read_committed",
@@ -187,6 +196,44 @@ def read_range(spark: SparkSession, cfg: ReplicaConfig, ends: Offsets, records: 
         }
     )
     return spark.read.format("kafka").options(**options).load()
+
+
+def _offsets_json(offsets: Offsets) -> str:
+    return json.dumps({t: {str(p): o for p, o in sorted(parts.items())} for t, parts in sorted(offsets.items())})
+
+
+def rebuild_session(spark: SparkSession) -> SparkSession:
+    """A session of its own with the streaming batch's settings (the caller's confs stay as they are)."""
+    session = spark.newSession()
+    for key, value in batch_confs(spark).items():
+        session.conf.set(key, value)
+    return session
+
+
+def apply_range(
+    session: SparkSession,
+    shadow: ReplicaConfig,
+    the_plan: Plan,
+    batch_id: int,
+    ends: Offsets,
+    starts: Offsets | None = None,
+    hooks: BatchHooks | None = None,
+) -> BatchStats:
+    """Apply the records from ``starts`` (the log's start) to ``ends`` to the rebuilt tables as one batch, then
+    fold merge-on-read tables, so each holds its state itself, as a reader expects."""
+    schemas = ensure_replica_tables(session, shadow)
+    handler = BatchHandler(shadow, schemas, hooks, monitored=False)  # the live replica's consumer group is its own
+    try:
+        total = records_to_read(shadow, ends) - (records_to_read(shadow, starts) if starts else 0)
+        with metered(session, f"rebuild {shadow.name}", total):
+            frame = read_range(session, shadow, ends, total, starts)
+            stats = handler.apply(frame, batch_id, ends, the_plan.generation)
+        for schema in schemas.values():
+            if schema.table.merge_on_read:
+                logger.info("rebuild %s: %s", shadow.name, fold(session, shadow.name, schema).line(schema.table.name))
+        return stats
+    finally:
+        handler.close()
 
 
 def rebuild(
@@ -201,27 +248,12 @@ def rebuild(
     shadow = rebuild_config(cfg, root)
     lock_checkpoint(shadow)
     check_reachable(shadow)
-    session = spark.newSession()
-    for key, value in batch_confs(spark).items():
-        session.conf.set(key, value)
+    session = rebuild_session(spark)
     the_plan = plan(session, shadow, until)
-    schemas = ensure_replica_tables(session, shadow)
-    handler = BatchHandler(shadow, schemas, hooks, monitored=False)  # the live replica's consumer group is its own
-    try:
-        logger.info(
-            "rebuild %s into %s: the log up to %s",
-            cfg.name,
-            root,
-            ", ".join(f"{t}:" + ",".join(f"{p}={o}" for p, o in sorted(e.items())) for t, e in the_plan.ends.items()),
-        )
-        total = records_to_read(shadow, the_plan.ends)
-        with metered(session, f"rebuild {cfg.name}", total):
-            stats = handler.apply(
-                read_range(session, shadow, the_plan.ends, total), 0, the_plan.ends, the_plan.generation
-            )
-        for schema in schemas.values():
-            if schema.table.merge_on_read:  # the rebuilt table holds its state itself, as a reader expects
-                logger.info("rebuild %s: %s", shadow.name, fold(session, shadow.name, schema).line(schema.table.name))
-        return stats
-    finally:
-        handler.close()
+    logger.info(
+        "rebuild %s into %s: the log up to %s",
+        cfg.name,
+        root,
+        ", ".join(f"{t}:" + ",".join(f"{p}={o}" for p, o in sorted(e.items())) for t, e in the_plan.ends.items()),
+    )
+    return apply_range(session, shadow, the_plan, 0, the_plan.ends, hooks=hooks)

@@ -20,6 +20,8 @@ import fcntl
 import json
 import logging
 import os
+import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
@@ -78,6 +80,39 @@ def lock_checkpoint(cfg: ReplicaConfig) -> None:
     os.ftruncate(fd, 0)
     os.write(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode())
     _held_locks[cfg.checkpoint] = fd
+
+
+def checkpoint_is_local(cfg: ReplicaConfig) -> bool:
+    """Whether the checkpoint is on a local disk, where :func:`lock_checkpoint` can tell a running replica."""
+    return urlparse(cfg.checkpoint).scheme in ("", "file")
+
+
+def wait_until_stopped(cfg: ReplicaConfig, timeout_s: float, waiting: Callable[[], None]) -> float:
+    """Take the replica's checkpoint lock, waiting up to ``timeout_s`` for a running replica to stop.
+
+    Calls ``waiting`` once if the replica is running; returns when the lock was taken (``time.monotonic()``).
+    Raises :class:`CheckpointError` if the replica is still running after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    told = False
+    while True:
+        try:
+            lock_checkpoint(cfg)
+            return time.monotonic()
+        except CheckpointError as exc:
+            if time.monotonic() >= deadline:
+                raise CheckpointError(f"{exc} (waited {timeout_s:.0f} s)") from None
+            if not told:
+                waiting()
+                told = True
+        time.sleep(0.5)  # polling another process's lock: the kernel has no way to wait for it with a timeout
+
+
+def release_checkpoint(cfg: ReplicaConfig) -> None:
+    """Let go of the checkpoint lock this process holds (if any)."""
+    fd = _held_locks.pop(cfg.checkpoint, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def _owner_path(cfg: ReplicaConfig) -> str:

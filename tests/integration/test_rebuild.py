@@ -20,13 +20,24 @@ from replica_dev.conf import orders_table, replica_doc, write_replica
 from replica_lib.batch import BatchHooks
 from replica_lib.config import ReplicaConfig, Target, load_replica
 from replica_lib.errors import RebuildError
+from replica_lib.layout import fold
 from replica_lib.producer import ChangeProducer
 from replica_lib.progress import applied_offsets
 from replica_lib.rebuild import rebuild, rebuild_config
 from replica_lib.stream import run_replica
-from replica_lib.target import read_table
+from replica_lib.swap import swap
+from replica_lib.target import read_table, table_schema
 from replica_lib.topics import TopicAdmin, TopicSpec
-from tests.integration.support import delete, produce, produce_garbage, tombstone, upsert
+from tests.integration.support import (
+    delete,
+    end_offsets,
+    expected_df,
+    produce,
+    produce_garbage,
+    replica_df,
+    tombstone,
+    upsert,
+)
 from tests.integration.test_semantics import assert_matches_model
 
 pytestmark = pytest.mark.integration
@@ -160,3 +171,93 @@ def test_preflight_refuses_a_log_whose_first_records_are_gone(
         rebuild(spark, live, str(into))
     assert not (into / "orders").exists()
     assert not (into / "_rebuild" / "_rebuild.json").exists()
+
+
+@pytest.mark.parametrize("layout", ["copy-on-write", "merge-on-read"])
+def test_a_swap_replaces_a_wrong_live_replica_in_one_commit_and_the_replica_goes_on_exactly_once(
+    spark: SparkSession,
+    connection: dict[str, str],
+    topic_factory: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    layout: str,
+) -> None:
+    topic = topic_factory(partitions=3)
+    path = tmp_path / "live.toml"
+    doc = replica_doc(
+        "live",
+        tmp_path / "live",
+        connection["bootstrap.servers"],
+        {"orders": orders_table(topic, layout=layout)},
+        source={"starting_offsets": "earliest", "max_offsets_per_trigger": 200},
+        trigger={"available_now": True},
+    )
+    write_replica(path, doc)
+    live = load_replica(path)
+    with ChangeProducer(connection) as producer:
+        log = loadgen.run(producer, topic, loadgen.Workload(keys=60, events=500, seed=23))
+    log += produce(connection, topic, [upsert(k, 1, "late") for k in range(1, 6)] + [tombstone(k) for k in (6, 7)])
+    run_replica(spark, live, available_now=True)
+    into = tmp_path / "rebuilt"
+    rebuild(spark, live, str(into))
+
+    # The live replica reads on past the rebuild's end, then its table goes wrong (a bad release, a stray UPDATE).
+    log += produce(connection, topic, [upsert(k, 10**6, "after") for k in range(50, 70)] + [tombstone(8)])
+    garbage = produce_garbage(connection, topic, partition=1)
+    run_replica(spark, live, available_now=True)
+    target = live.table("orders").target
+    if layout == "merge-on-read":  # fold the pending changes, so that the base's wrong rows show
+        fold(spark, live.name, table_schema(live.table("orders"), ""))
+    spark.sql(f"UPDATE delta.`{target.path}` SET status = 'planted'")
+    old = _state(spark, live)
+    assert old != _model_state(spark, live, log)
+    before = _version(spark, target)
+
+    # Killed between its commits, then run again; at every step a reader sees the old state or the new one.
+    class Crash(Exception):
+        pass
+
+    seen: list[str] = []
+
+    def look(point: str) -> None:
+        assert _state(spark, live) in (old, _model_state(spark, live, log)), f"a reader saw neither state at {point}"
+        seen.append(point)
+        if point == "after_tombstones" and seen.count(point) == 1:
+            raise Crash(point)
+
+    with pytest.raises(Crash):
+        swap(spark, live, str(into), at=look)
+    swapped = swap(spark, live, str(into), at=look)
+    assert seen.count("after_plan") == 2 and seen.count("after_table") == 1
+    assert swapped.caught_up == 22 and not swapped.already
+    assert swapped.plan.ends == {topic: {**end_offsets(log), 1: garbage + 1}}
+    assert_matches_model(spark, live, log)
+    if layout == "copy-on-write":  # every version a reader by path could read is one state or the other
+        new = _model_state(spark, live, log)
+        versions = range(before, _version(spark, target) + 1)
+        assert [_state(spark, live, v) in (old, new) for v in versions] == [True] * len(versions)
+        assert _state(spark, live, before) == old  # time travel keeps the old rows
+    assert Path(swapped.checkpoint_aside).is_dir() and not Path(live.checkpoint).exists()
+    (bad,) = read_table(spark, live.quarantine).where(f"offset = {garbage}").select("partition").collect()
+    assert bad["partition"] == 1  # quarantined once, by the live replica before the swap
+
+    # Started again, the replica goes on from the swap's offsets under a new checkpoint, each record once.
+    log += produce(connection, topic, [upsert(k, 2 * 10**6, "later") for k in range(60, 80)] + [delete(51, 3 * 10**6)])
+    with caplog.at_level(logging.WARNING, logger="replica_lib.recovery"):
+        run_replica(spark, live, available_now=True)
+    ends = json.dumps({topic: {str(p): o for p, o in sorted(swapped.plan.ends[topic].items())}})
+    assert any(f"applied the log up to {ends}" in r.getMessage() for r in caplog.records)
+    assert_matches_model(spark, live, log)
+    assert swap(spark, live, str(into)).already
+
+
+def _state(spark: SparkSession, cfg: ReplicaConfig, version: int | None = None) -> set[tuple[Any, ...]]:
+    if version is None:
+        frame = replica_df(spark, cfg, "orders")
+    else:
+        frame = spark.read.format("delta").option("versionAsOf", version).load(str(cfg.table("orders").target.path))
+    return {(r["order_id"], r["status"], r["amount"]) for r in frame.collect()}
+
+
+def _model_state(spark: SparkSession, cfg: ReplicaConfig, log: list[Any]) -> set[tuple[Any, ...]]:
+    return {(r["order_id"], r["status"], r["amount"]) for r in expected_df(spark, cfg, "orders", log).collect()}

@@ -1,0 +1,249 @@
+"""Swap rebuilt tables in for a replica's live ones: readers see the old rows or the new, never an empty table.
+
+A swap runs once the live replica has stopped (it waits for the replica's checkpoint lock), and then:
+
+1. records the swap's plan in the rebuild's folder: how far the live replica had applied the log (``L``) and the
+   point both will stand at, ``T`` = per partition the later of ``L`` and the rebuild's end;
+2. catches the rebuilt tables up to ``T`` (one more bulk batch of the rebuild, if the live replica had read past
+   the rebuild's end);
+3. folds a merge-on-read live table's pending changes, so that its base alone shows its state;
+4. replaces each live table's rows with the rebuilt table's in **one Delta commit** (retained deletes first, the
+   table last): a reader by path or by catalog name sees the version before or the version after, and time travel
+   keeps the old versions. The commit records ``T`` as a replica commit does;
+5. copies into the live quarantine the records the rebuild quarantined that the live replica had not read;
+6. moves the live checkpoint aside (``<checkpoint>.before-swap-<id>``). Started again, the replica finds no
+   checkpoint, resumes from ``T`` recorded in its tables (:func:`replica_lib.recovery.starting_offsets`) under a
+   new checkpoint generation, and applies every later record exactly once.
+
+Every write is idempotent (``txnAppId`` of the swap's id, ``txnVersion`` 0): a swap killed at any point and run
+again finishes the same plan; run again after it finished, it says so and changes nothing. Delta has no commit
+across tables, so a replica's tables are swapped one after another, as its batches write them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from replica_lib.config import ReplicaConfig, TableConfig
+from replica_lib.errors import RebuildError, VerifyError
+from replica_lib.layout import fold
+from replica_lib.merge import Commit, append_quarantine, replace_rows, typed_conflicts
+from replica_lib.progress import Offsets, path_exists, read_text, rename_path, write_text
+from replica_lib.rebuild import Plan, apply_range, rebuild_config, rebuild_session, recorded_plan
+from replica_lib.recovery import (
+    applied_so_far,
+    checkpoint_is_local,
+    lock_checkpoint,
+    release_checkpoint,
+    wait_until_stopped,
+)
+from replica_lib.target import (
+    TableSchema,
+    changes_target,
+    ensure_replica_tables,
+    read_table,
+    table_exists,
+    tombstone_target,
+)
+from replica_lib.verify import compare_tables, report
+
+logger = logging.getLogger(__name__)
+
+SWAP_FILE = "_swap.json"
+
+#: The named points of a swap, in order, for crash tests (each is passed to ``at``).
+SWAP_POINTS = ("after_plan", "after_catch_up", "after_live_fold", "after_tombstones", "after_table", "after_quarantine")
+
+
+@dataclass(frozen=True)
+class SwapPlan:
+    """One swap: its id, where the live replica had stopped (``applied``) and where both stand after (``ends``)."""
+
+    swap_id: str
+    applied: Offsets
+    ends: Offsets
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"swap_id": self.swap_id, "applied": _text(self.applied), "ends": _text(self.ends)}, sort_keys=True
+        )
+
+    @staticmethod
+    def parse(text: str) -> SwapPlan:
+        data = json.loads(text)
+        return SwapPlan(str(data["swap_id"]), _offsets(data["applied"]), _offsets(data["ends"]))
+
+
+def _text(offsets: Offsets) -> dict[str, dict[str, int]]:
+    return {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in sorted(offsets.items())}
+
+
+def _offsets(data: dict[str, dict[str, int]]) -> Offsets:
+    return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in data.items()}
+
+
+@dataclass(frozen=True)
+class Swapped:
+    """What a swap did. ``paused_s``: from the live replica's stop (its lock taken) to its checkpoint moved aside."""
+
+    plan: SwapPlan
+    checkpoint_aside: str
+    paused_s: float
+    caught_up: int = 0  # records of the catch-up batch
+    already: bool = False  # an earlier run had finished this swap
+    verified: list[str] = field(default_factory=list)  # one report line per table, with --verify
+
+
+def aside_path(cfg: ReplicaConfig, swap_id: str) -> str:
+    return f"{cfg.checkpoint.rstrip('/')}.before-swap-{swap_id}"
+
+
+def swap(
+    spark: SparkSession,
+    cfg: ReplicaConfig,
+    root: str,
+    wait_s: float = 3600.0,
+    live_stopped: bool = False,
+    verify: bool = False,
+    at: Callable[[str], None] | None = None,
+) -> Swapped:
+    """Swap the tables rebuilt under ``root`` in for replica ``cfg``'s live tables (see the module's steps).
+
+    ``wait_s``: how long to wait for the live replica to stop. ``live_stopped``: the operator's word that it has,
+    for a checkpoint on shared storage, where no lock can tell. ``verify``: compare live and rebuilt tables before
+    the swap (a report of what it changes; it does not stop the swap).
+    """
+    shadow = rebuild_config(cfg, root)
+    lock_checkpoint(shadow)
+    session = rebuild_session(spark)
+    rebuilt = recorded_plan(session, shadow)
+    if rebuilt is None:
+        raise RebuildError(f"{root} holds no rebuild of replica {cfg.name}: rebuild into it first")
+    path = f"{shadow.checkpoint}/{SWAP_FILE}"
+    recorded = SwapPlan.parse(read_text(session, path)) if path_exists(session, path) else None
+    if recorded is not None and path_exists(session, aside_path(cfg, recorded.swap_id)):
+        logger.info("swap %s: finished already (its old checkpoint is %s)", cfg.name, aside_path(cfg, recorded.swap_id))
+        return Swapped(recorded, aside_path(cfg, recorded.swap_id), 0.0, already=True)
+    stopped_at = _wait_for_the_replica(cfg, wait_s, live_stopped)
+    if recorded is None:
+        recorded = _new_plan(session, cfg, rebuilt)
+        write_text(session, path, recorded.to_json())
+    _at(at, "after_plan")
+    caught_up = 0
+    if recorded.ends != rebuilt.ends:
+        starts = {t: {p: rebuilt.ends.get(t, {}).get(p, 0) for p in parts} for t, parts in recorded.ends.items()}
+        caught_up = apply_range(session, shadow, rebuilt, 1, recorded.ends, starts).records
+        logger.info("swap %s: rebuilt tables caught up to %s (%d records)", cfg.name, _text(recorded.ends), caught_up)
+    _at(at, "after_catch_up")
+    verified = [_verify(session, cfg, shadow, live, new) for live, new in zip(cfg.tables, shadow.tables, strict=True)]
+    live_schemas = ensure_replica_tables(session, cfg)
+    with typed_conflicts():
+        for live, new in zip(cfg.tables, shadow.tables, strict=True):
+            schema = live_schemas[live.name] if live.merge_on_read else None
+            _replace_table(session, cfg, recorded, live, new, schema, at)
+        _copy_quarantine(session, cfg, shadow, recorded)
+    _at(at, "after_quarantine")
+    aside = aside_path(cfg, recorded.swap_id)
+    if path_exists(session, cfg.checkpoint):
+        rename_path(session, cfg.checkpoint, aside)
+    release_checkpoint(cfg)
+    paused = time.monotonic() - stopped_at
+    logger.info("swap %s: done; the old checkpoint is %s; the replica was stopped for %.1f s", cfg.name, aside, paused)
+    return Swapped(recorded, aside, paused, caught_up, verified=[v for v in verified if v])
+
+
+def _wait_for_the_replica(cfg: ReplicaConfig, wait_s: float, live_stopped: bool) -> float:
+    if not checkpoint_is_local(cfg):
+        if not live_stopped:
+            raise RebuildError(
+                f"replica {cfg.name}'s checkpoint {cfg.checkpoint} is not on a local disk, so the swap cannot tell "
+                "whether the replica is running: stop it, then swap with --live-stopped"
+            )
+        return time.monotonic()
+
+    def waiting() -> None:
+        logger.warning(
+            "swap %s: the replica is running on %s; waiting up to %.0f s for it to stop (send it SIGTERM: it "
+            "finishes its batch and exits)",
+            cfg.name,
+            cfg.checkpoint,
+            wait_s,
+        )
+
+    return wait_until_stopped(cfg, wait_s, waiting)
+
+
+def _new_plan(spark: SparkSession, cfg: ReplicaConfig, rebuilt: Plan) -> SwapPlan:
+    applied = applied_so_far(spark, cfg) or {}
+    ends: Offsets = {}
+    for topic in sorted(set(rebuilt.ends) | set(applied)):
+        mine, theirs = rebuilt.ends.get(topic, {}), applied.get(topic, {})
+        ends[topic] = {p: max(mine.get(p, 0), theirs.get(p, 0)) for p in sorted(set(mine) | set(theirs))}
+    return SwapPlan(uuid.uuid4().hex[:12], applied, ends)
+
+
+def _verify(spark: SparkSession, cfg: ReplicaConfig, shadow: ReplicaConfig, live: TableConfig, new: TableConfig) -> str:
+    if not table_exists(spark, live.target):
+        return f"{cfg.name}.{live.name}: no live table yet"
+    try:
+        comparison = compare_tables(spark, (cfg, live), (shadow, new))
+    except VerifyError as exc:
+        return f"{cfg.name}.{live.name}: not compared: {exc}"
+    return report(f"{cfg.name}.{live.name}", f"rebuilt {new.name}", comparison)
+
+
+def _replace_table(
+    spark: SparkSession,
+    cfg: ReplicaConfig,
+    plan: SwapPlan,
+    live: TableConfig,
+    new: TableConfig,
+    merge_on_read: TableSchema | None,
+    at: Callable[[str], None] | None,
+) -> None:
+    """Replace one live table's rows (and its retained deletes, change log) with the rebuilt one's."""
+    metadata = {"replica": cfg.name, "batch_id": 0, "generation": f"swap-{plan.swap_id}", "offsets": _text(plan.ends)}
+
+    def commit(label: str) -> Commit:
+        return Commit(f"replica:{cfg.name}:{label}:swap-{plan.swap_id}", 0, metadata)
+
+    if merge_on_read is not None:
+        logger.info("swap %s: %s", cfg.name, fold(spark, cfg.name, merge_on_read).line(live.name))
+    _at(at, "after_live_fold")
+    replace_rows(tombstone_target(live), read_table(spark, tombstone_target(new)), commit(f"{live.name}:tombstones"))
+    _at(at, "after_tombstones")
+    replace_rows(live.target, read_table(spark, new.target), commit(live.name))
+    if live.merge_on_read:  # the rebuilt change log is empty (folded); its commit records where the table stands
+        replace_rows(changes_target(live), read_table(spark, changes_target(new)), commit(f"{live.name}:changes"))
+    logger.info("swap %s: %s now holds the rebuilt rows (at %s)", cfg.name, live.target.describe(), _text(plan.ends))
+    _at(at, "after_table")
+
+
+def _copy_quarantine(spark: SparkSession, cfg: ReplicaConfig, shadow: ReplicaConfig, plan: SwapPlan) -> None:
+    """The records the rebuild quarantined at or after where the live replica had stopped: it never read them."""
+    if not table_exists(spark, shadow.quarantine):
+        return
+    unread: DataFrame = read_table(spark, shadow.quarantine)
+    read_before = F.lit(False)
+    for topic, parts in plan.applied.items():
+        for partition, offset in parts.items():
+            read_before = read_before | (
+                (F.col("topic") == topic) & (F.col("partition") == partition) & (F.col("offset") < offset)
+            )
+    unread = unread.where(~read_before)
+    app = f"replica:{cfg.name}:_quarantine:swap-{plan.swap_id}"
+    commit = Commit(app, 0, {"replica": cfg.name, "swap": plan.swap_id})
+    append_quarantine(cfg.quarantine, unread, commit)
+
+
+def _at(at: Callable[[str], None] | None, point: str) -> None:
+    if at is not None:
+        at(point)
