@@ -97,7 +97,8 @@ def _swap_line(name: str, swapped: Swapped) -> str:
     if swapped.already:
         return f"swapped {name} already: its tables stand at {ends}; the old checkpoint is {swapped.checkpoint_aside}"
     return (
-        f"swapped {name}: its tables hold the rebuilt rows at {ends} ({swapped.caught_up} records caught up); the "
+        f"swapped {name}: its tables hold the rebuilt rows at {ends} ({swapped.caught_up} records caught up, "
+        f"{swapped.caught_up_stopped} of them while the replica was stopped); the "
         f"replica was stopped for {swapped.paused_s:.1f} s of the swap; its old checkpoint is "
         f"{swapped.checkpoint_aside}. Start the replica again: it goes on from there under a new checkpoint"
     )

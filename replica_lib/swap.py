@@ -27,7 +27,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -58,6 +58,7 @@ from replica_lib.verify import compare_tables, report
 logger = logging.getLogger(__name__)
 
 SWAP_FILE = "_swap.json"
+CATCH_UP_FILE = "_catch_up.json"
 
 #: The named points of a swap, in order, for crash tests (each is passed to ``at``).
 SWAP_POINTS = ("after_plan", "after_catch_up", "after_live_fold", "after_tombstones", "after_table", "after_quarantine")
@@ -97,7 +98,8 @@ class Swapped:
     plan: SwapPlan
     checkpoint_aside: str
     paused_s: float
-    caught_up: int = 0  # records of the catch-up batch
+    caught_up: int = 0  # records applied to the rebuilt tables after the rebuild's end
+    caught_up_stopped: int = 0  # of which while the live replica was stopped
     already: bool = False  # an earlier run had finished this swap
     verified: list[str] = field(default_factory=list)  # one report line per table, with --verify
 
@@ -132,16 +134,17 @@ def swap(
     if recorded is not None and path_exists(session, aside_path(cfg, recorded.swap_id)):
         logger.info("swap %s: finished already (its old checkpoint is %s)", cfg.name, aside_path(cfg, recorded.swap_id))
         return Swapped(recorded, aside_path(cfg, recorded.swap_id), 0.0, already=True)
+    position = _resume_catch_up(session, shadow, rebuilt)
+    if recorded is None:  # while the live replica runs, catch up to it: the pause then has little left to apply
+        position = _catch_up(session, shadow, rebuilt, position, _later(position[1], applied_so_far(session, cfg)))
     stopped_at = _wait_for_the_replica(cfg, wait_s, live_stopped)
     if recorded is None:
-        recorded = _new_plan(session, cfg, rebuilt)
+        recorded = SwapPlan(uuid.uuid4().hex[:12], applied_so_far(session, cfg) or {}, {})
+        recorded = replace(recorded, ends=_later(position[1], recorded.applied))
         write_text(session, path, recorded.to_json())
     _at(at, "after_plan")
-    caught_up = 0
-    if recorded.ends != rebuilt.ends:
-        starts = {t: {p: rebuilt.ends.get(t, {}).get(p, 0) for p in parts} for t, parts in recorded.ends.items()}
-        caught_up = apply_range(session, shadow, rebuilt, 1, recorded.ends, starts).records
-        logger.info("swap %s: rebuilt tables caught up to %s (%d records)", cfg.name, _text(recorded.ends), caught_up)
+    before = position[2]
+    position = _catch_up(session, shadow, rebuilt, position, recorded.ends)
     _at(at, "after_catch_up")
     verified = [_verify(session, cfg, shadow, live, new) for live, new in zip(cfg.tables, shadow.tables, strict=True)]
     live_schemas = ensure_replica_tables(session, cfg)
@@ -157,7 +160,7 @@ def swap(
     release_checkpoint(cfg)
     paused = time.monotonic() - stopped_at
     logger.info("swap %s: done; the old checkpoint is %s; the replica was stopped for %.1f s", cfg.name, aside, paused)
-    return Swapped(recorded, aside, paused, caught_up, verified=[v for v in verified if v])
+    return Swapped(recorded, aside, paused, position[2], position[2] - before, verified=[v for v in verified if v])
 
 
 def _wait_for_the_replica(cfg: ReplicaConfig, wait_s: float, live_stopped: bool) -> float:
@@ -181,13 +184,46 @@ def _wait_for_the_replica(cfg: ReplicaConfig, wait_s: float, live_stopped: bool)
     return wait_until_stopped(cfg, wait_s, waiting)
 
 
-def _new_plan(spark: SparkSession, cfg: ReplicaConfig, rebuilt: Plan) -> SwapPlan:
-    applied = applied_so_far(spark, cfg) or {}
-    ends: Offsets = {}
-    for topic in sorted(set(rebuilt.ends) | set(applied)):
-        mine, theirs = rebuilt.ends.get(topic, {}), applied.get(topic, {})
-        ends[topic] = {p: max(mine.get(p, 0), theirs.get(p, 0)) for p in sorted(set(mine) | set(theirs))}
-    return SwapPlan(uuid.uuid4().hex[:12], applied, ends)
+def _later(ends: Offsets, other: Offsets | None) -> Offsets:
+    """Per topic and partition, the later of two positions."""
+    later: Offsets = {}
+    other = other or {}
+    for topic in sorted(set(ends) | set(other)):
+        mine, theirs = ends.get(topic, {}), other.get(topic, {})
+        later[topic] = {p: max(mine.get(p, 0), theirs.get(p, 0)) for p in sorted(set(mine) | set(theirs))}
+    return later
+
+
+#: Where the rebuilt tables stand: (batch id of their last catch-up, its end offsets, records caught up so far).
+_Position = tuple[int, Offsets, int]
+
+
+def _resume_catch_up(spark: SparkSession, shadow: ReplicaConfig, rebuilt: Plan) -> _Position:
+    """Where the rebuilt tables stand, finishing the last catch-up an earlier run recorded (writes are skipped if
+    they were committed)."""
+    path = f"{shadow.checkpoint}/{CATCH_UP_FILE}"
+    if not path_exists(spark, path):
+        return 0, rebuilt.ends, 0
+    last = json.loads(read_text(spark, path))
+    batch_id, starts, ends = int(last["batch_id"]), _offsets(last["starts"]), _offsets(last["ends"])
+    records = apply_range(spark, shadow, rebuilt, batch_id, ends, starts).records
+    return batch_id, ends, records
+
+
+def _catch_up(
+    spark: SparkSession, shadow: ReplicaConfig, rebuilt: Plan, position: _Position, ends: Offsets
+) -> _Position:
+    """Apply the records from ``position`` up to ``ends`` to the rebuilt tables as their next batch (recorded first,
+    so that a run after a crash applies the same range under the same batch id)."""
+    batch_id, starts, records = position
+    if _later(starts, ends) == starts:
+        return position
+    starts = {t: {p: starts.get(t, {}).get(p, 0) for p in parts} for t, parts in ends.items()}
+    record = {"batch_id": batch_id + 1, "starts": _text(starts), "ends": _text(ends)}
+    write_text(spark, f"{shadow.checkpoint}/{CATCH_UP_FILE}", json.dumps(record, sort_keys=True))
+    applied = apply_range(spark, shadow, rebuilt, batch_id + 1, ends, starts).records
+    logger.info("swap %s: rebuilt tables caught up to %s (%d records)", shadow.name, _text(ends), applied)
+    return batch_id + 1, ends, records + applied
 
 
 def _verify(spark: SparkSession, cfg: ReplicaConfig, shadow: ReplicaConfig, live: TableConfig, new: TableConfig) -> str:
