@@ -35,6 +35,10 @@ class ProducerError(ReplicaError):
         super().__init__(message)
 
 
+class LateChangeError(ProducerError):
+    """A change's seq is lower than one already written for its key: compaction would keep it (nothing written)."""
+
+
 class TopicError(ReplicaError):
     """A topic could not be created, or exists with settings that do not match what was asked."""
 

@@ -20,17 +20,19 @@ import contextlib
 import json
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from replica_lib.errors import ProducerError
+from replica_lib.errors import LateChangeError, ProducerError
 
 logger = logging.getLogger(__name__)
 
 Op = Literal["upsert", "delete"]
 OPS: tuple[Op, ...] = ("upsert", "delete")
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
+LOWER_SEQ_CHOICES = ("refuse", "warn", "allow")
 #: librdkafka properties (and their aliases) that replica sets itself: the safety guarantees, the key ->
 #: partition mapping, transactions (``transactional_id``), and never auto-creating a topic with defaults.
 FIXED_PROPERTIES = frozenset(
@@ -125,6 +127,13 @@ class ProducerSettings:
     connect_timeout_s: float = 15.0
     transactional_id: str | None = None
     transaction_timeout_ms: int = 60_000
+    #: A change whose ``seq`` is lower than one this producer already wrote for the key: ``refuse`` raises
+    #: :class:`LateChangeError` before anything is written, ``warn`` logs it and writes it, ``allow`` writes it.
+    #: Such a change loses to the higher one in every replica, but Kafka's compaction keeps the *last* record of
+    #: a key in log order, so a rebuild from a compacted topic would keep it instead.
+    on_lower_seq: str = "refuse"
+    #: Keys whose last seq is remembered for that check (the least recently written are forgotten first).
+    seq_keys_tracked: int = 1_000_000
     extra: tuple[tuple[str, str], ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -140,6 +149,10 @@ class ProducerSettings:
             raise ValueError(f"linger_ms must be below the delivery timeout ({delivery_ms} ms)")
         if self.connect_timeout_s <= 0:
             raise ValueError("connect_timeout_s must be positive")
+        if self.on_lower_seq not in LOWER_SEQ_CHOICES:
+            raise ValueError(f"on_lower_seq must be one of {LOWER_SEQ_CHOICES}, got {self.on_lower_seq!r}")
+        if self.seq_keys_tracked < 0:
+            raise ValueError("seq_keys_tracked must not be negative")
         for key, _ in self.extra:
             if key in FIXED_PROPERTIES:
                 raise ValueError(f"{key} is fixed by replica for safety and cannot be overridden")
@@ -224,6 +237,8 @@ class ChangeProducer:
         self._fatal: str | None = None
         self._known_topics: set[str] = set()
         self._in_transaction = False
+        self._last_seq: OrderedDict[tuple[str, bytes], int] = OrderedDict()
+        self._seq_undo: list[tuple[tuple[str, bytes], int | None]] = []  # this transaction's changes to _last_seq
         self._check_reachable()
         if self.settings.transactional_id:
             try:
@@ -271,8 +286,40 @@ class ChangeProducer:
 
     # ------------------------------------------------------------------ writes
     def send(self, topic: str, change: Change, headers: Mapping[str, bytes] | None = None) -> Delivery:
-        """Queue one change; returns a :class:`Delivery`. Blocks briefly if the local queue is full."""
-        return self.send_raw(topic, encode_key(change.key), encode_value(change), headers)
+        """Queue one change; returns a :class:`Delivery`. Blocks briefly if the local queue is full.
+
+        Raises :class:`LateChangeError` for a ``seq`` lower than one already written for the key (see
+        :attr:`ProducerSettings.on_lower_seq`); an equal ``seq`` (the same change sent again) is written.
+        """
+        key = encode_key(change.key)
+        if change.seq is not None and self.settings.on_lower_seq != "allow":
+            self._check_seq(topic, key, change)
+        delivery = self.send_raw(topic, key, encode_value(change), headers)
+        if change.seq is not None and self.settings.seq_keys_tracked:
+            self._remember_seq((topic, key), change.seq)
+        return delivery
+
+    def _check_seq(self, topic: str, key: bytes, change: Change) -> None:
+        last = self._last_seq.get((topic, key))
+        if last is None or change.seq is None or change.seq >= last:
+            return
+        message = (
+            f"a change of key {key.decode()} on topic {topic} has seq {change.seq}, after seq {last} was written: "
+            "every replica keeps the higher one, but Kafka's compaction keeps the last record of a key, so a "
+            "rebuild from a compacted topic would keep this one; write a key's changes in seq order"
+        )
+        if self.settings.on_lower_seq == "refuse":
+            raise LateChangeError(message, topic, key)
+        logger.warning("%s (written: on_lower_seq='warn')", message)
+
+    def _remember_seq(self, slot: tuple[str, bytes], seq: int) -> None:
+        last = self._last_seq.get(slot)
+        if self._in_transaction:
+            self._seq_undo.append((slot, last))
+        self._last_seq[slot] = seq if last is None else max(last, seq)
+        self._last_seq.move_to_end(slot)
+        while len(self._last_seq) > self.settings.seq_keys_tracked:
+            self._last_seq.popitem(last=False)
 
     def send_raw(
         self, topic: str, key: bytes, value: bytes | None, headers: Mapping[str, bytes] | None = None
@@ -355,6 +402,7 @@ class ChangeProducer:
         except KafkaException as exc:
             raise ProducerError(f"beginning a transaction failed: {exc.args[0].str()}") from exc
         self._in_transaction = True
+        self._seq_undo.clear()
         try:
             try:
                 yield self
@@ -375,6 +423,12 @@ class ChangeProducer:
             self._in_transaction = False
 
     def _abort(self) -> None:
+        for slot, last in reversed(self._seq_undo):  # the aborted writes never happened
+            if last is None:
+                self._last_seq.pop(slot, None)
+            else:
+                self._last_seq[slot] = last
+        self._seq_undo.clear()
         try:
             self._producer.abort_transaction(self.settings.transaction_timeout_ms / 1000)
         finally:

@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import Consumer
 
 from replica_dev.embedded_kafka import free_port
-from replica_lib.errors import ProducerError
+from replica_lib.errors import LateChangeError, ProducerError
 from replica_lib.producer import Change, ChangeProducer, Position, ProducerSettings, encode_key, encode_value
 from replica_lib.topics import TopicAdmin, TopicSpec
 
@@ -345,3 +345,43 @@ def test_result_sends_a_lingering_write_at_once(connection: dict[str, str], topi
     assert time.monotonic() - started < 20
     assert position == Position(topic, 0, 0)
     producer.close()
+
+
+def test_a_lower_seq_after_a_higher_one_is_refused_before_it_is_written(
+    connection: dict[str, str], topic_factory: TopicFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = topic_factory(partitions=1)
+    key = {"order_id": 1}
+    with ChangeProducer(connection) as producer:
+        written = [producer.upsert(topic, key, {**key, "status": "paid"}, seq=5).result()]
+        with pytest.raises(LateChangeError, match=r"has seq 4, after seq 5 was written") as refused:
+            producer.upsert(topic, key, {**key, "status": "new"}, seq=4)
+        assert refused.value.topic == topic and refused.value.key == encode_key(key)
+        written.append(producer.upsert(topic, key, {**key, "status": "paid"}, seq=5).result())  # the same, again
+        written.append(producer.upsert(topic, {"order_id": 2}, {"order_id": 2}, seq=1).result())  # another key
+        written.append(producer.tombstone(topic, key).result())  # no seq: nothing to compare
+    with ChangeProducer(connection, ProducerSettings(on_lower_seq="warn")) as producer:
+        producer.upsert(topic, key, {**key, "status": "paid"}, seq=7).result()
+        late = producer.upsert(topic, key, {**key, "status": "new"}, seq=6).result()
+    assert any("has seq 6, after seq 7 was written" in r.getMessage() for r in caplog.records)
+    records = consume(connection, [topic], has_all([late]))
+    in_log = [r.value for _, r in sorted(records.items(), key=lambda item: item[0].offset)]
+    paid = encode_value(Change(key=key, data={**key, "status": "paid"}, seq=5))
+    assert [p.offset for p in written] == [0, 1, 2, 3]  # the refused change took no offset: it was never sent
+    assert in_log[:2] == [paid, paid] and len(in_log) == 6  # then the other key, the tombstone, seq 7, late seq 6
+
+
+def test_an_aborted_transaction_leaves_no_seq_behind(connection: dict[str, str], topic_factory: TopicFactory) -> None:
+    topic = topic_factory(partitions=1)
+    key = {"order_id": 1}
+    settings = ProducerSettings(transactional_id=f"tx-{uuid.uuid4().hex}")
+    with ChangeProducer(connection, settings) as producer:
+        with producer.transaction():
+            producer.upsert(topic, key, key, seq=1)
+        with pytest.raises(RuntimeError, match="rolled back"), producer.transaction():
+            producer.upsert(topic, key, key, seq=9)
+            raise RuntimeError("rolled back")
+        with producer.transaction():  # seq 9 never happened: 2 follows 1
+            producer.upsert(topic, key, key, seq=2)
+        with pytest.raises(LateChangeError), producer.transaction():
+            producer.upsert(topic, key, key, seq=1)
