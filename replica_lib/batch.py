@@ -67,6 +67,7 @@ class BatchStats:
     upserts: int = 0
     deletes: int = 0
     quarantined: int = 0
+    late: int = 0  # keys whose last change in this batch's log has a lower seq than an earlier one (late changes)
     seconds: float = 0.0
     offsets: dict[str, dict[int, int]] = field(default_factory=dict)
     stages: dict[str, float] = field(default_factory=dict)  # seconds per stage of the batch, in order
@@ -78,6 +79,7 @@ class BatchStats:
         return (
             f"replica {replica} batch {self.batch_id}: {self.records} records in, {self.upserts} upserts, "
             f"{self.deletes} deletes, {self.quarantined} quarantined, "
+            f"{f'{self.late} late changes (a lower seq after a higher one), ' if self.late else ''}"
             f"{self.seconds:.2f}s ({', '.join(f'{k} {v:.2f}s' for k, v in self.stages.items()) or '-'}), "
             f"offsets {ends or '-'}"
         )
@@ -267,6 +269,16 @@ class BatchHandler:
         records = sum(s.records for s in summaries.values())
         rejected = sum(s.rejected for s in summaries.values())
         batch.stats.records = records
+        batch.stats.late = sum(s.late for s in summaries.values())
+        if batch.stats.late:
+            late = ", ".join(f"{name} {s.late}" for name, s in summaries.items() if s.late)
+            logger.warning(
+                "replica %s batch %d: late changes (a key's last change in the log has a lower seq than an earlier "
+                "one; a rebuild from a compacted topic would keep the lower one): %s",
+                self.cfg.name,
+                batch.batch_id,
+                late,
+            )
         return _Decoded(records, rejected, changes, summaries, frozenset(ranked))
 
     def _quarantine(self, batch: _Batch, decoded: _Decoded) -> None:
@@ -503,6 +515,7 @@ class _Summary:
     records: int  # every change, valid or rejected
     ranked_upserts: int = 0  # of a ranked table (see _observed): the winning upserts and deletes, one per key
     ranked_deletes: int = 0
+    late: int = 0  # keys whose last change in the log has a lower seq than their winner (see one_per_key)
 
 
 def _observed(
@@ -535,10 +548,15 @@ def _observed(
     winners = None
     if ranked:
         winners = Observation()
-        observed = one_per_key(observed, schema.table.keys).observe(
-            winners,
-            F.count(F.when(ok & (F.col("_op") == "upsert"), 1)).alias("upserts"),
-            F.count(F.when(ok & is_delete, 1)).alias("deletes"),
+        observed = (
+            one_per_key(observed, schema.table.keys, late=True)
+            .observe(
+                winners,
+                F.count(F.when(ok & (F.col("_op") == "upsert"), 1)).alias("upserts"),
+                F.count(F.when(ok & is_delete, 1)).alias("deletes"),
+                F.count(F.when(F.col("_late"), 1)).alias("late"),
+            )
+            .drop("_late")
         )
     return observed.localCheckpoint(), observation, winners
 
@@ -547,7 +565,7 @@ def _summary(observation: Observation, winners: Observation | None, schema: Tabl
     """What the decode's job counted of one table's changes."""
     row = observation.get
     key_type = schema.key_schema.fields[0].dataType
-    ranked = winners.get if winners is not None else {"upserts": 0, "deletes": 0}
+    ranked = winners.get if winners is not None else {"upserts": 0, "deletes": 0, "late": 0}
     return _Summary(
         int(row["valid"]),
         int(row["rejected"]),
@@ -558,6 +576,7 @@ def _summary(observation: Observation, winners: Observation | None, schema: Tabl
         int(row["records"]),
         int(ranked["upserts"]),
         int(ranked["deletes"]),
+        int(ranked["late"]),
     )
 
 

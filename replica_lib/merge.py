@@ -275,8 +275,9 @@ def append_quarantine(target: Target, rows_df: DataFrame, commit: Commit) -> Non
 def append_metrics(
     spark: SparkSession, target: Target, rows: Sequence[tuple[Any, ...]], schema: StructType, commit: Commit
 ) -> None:
-    """Append per-batch metrics records (skipped if a write of the same app reached ``commit.batch_id``)."""
-    _append(target, spark.createDataFrame(list(rows), schema), commit)
+    """Append per-batch metrics records (skipped if a write of the same app reached ``commit.batch_id``); a table
+    from before a column was added gains it."""
+    _append(target, spark.createDataFrame(list(rows), schema), commit, merge_schema=True)
 
 
 def replace_rows(target: Target, rows_df: DataFrame, commit: Commit) -> None:
@@ -288,10 +289,13 @@ def replace_rows(target: Target, rows_df: DataFrame, commit: Commit) -> None:
     _append(target, rows_df, commit, mode="overwrite")
 
 
-def _append(target: Target, rows_df: DataFrame, commit: Commit, mode: str = "append") -> None:
+def _append(
+    target: Target, rows_df: DataFrame, commit: Commit, mode: str = "append", merge_schema: bool = False
+) -> None:
     writer = (
         rows_df.write.format("delta")
         .mode(mode)
+        .option("mergeSchema", str(merge_schema).lower())
         .option("txnAppId", commit.app_id)
         .option("txnVersion", commit.batch_id)
         .option("userMetadata", commit.user_metadata())

@@ -11,7 +11,8 @@ Fields of a record (and columns of the table): ``replica``, ``query_id`` (the ch
 row: a newer change of their key won, in the batch or in the table, or a delete found no row), ``seconds``,
 ``stages`` (seconds per stage), ``offsets`` (topic -> partition -> end offset), ``offsets_behind_min/avg/max``
 (Spark's records between the batch's end and the log's end, per partition), ``input_rows_per_second``,
-``processed_rows_per_second`` and ``trigger_ms``.
+``processed_rows_per_second``, ``trigger_ms`` and ``late`` (keys whose last change in the batch has a lower seq
+than an earlier one: see ``replica_lib.ordering.one_per_key``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ METRICS_SCHEMA = T.StructType(
         T.StructField("input_rows_per_second", T.DoubleType()),
         T.StructField("processed_rows_per_second", T.DoubleType()),
         T.StructField("trigger_ms", T.LongType()),
+        T.StructField("late", T.LongType()),  # last: a table written before it had the column gains it
     ]
 )
 
@@ -205,6 +207,7 @@ def metrics_record(replica: str, stats: BatchStats, progress: Any) -> dict[str, 
         "input_rows_per_second": _finite(progress.inputRowsPerSecond),
         "processed_rows_per_second": _finite(progress.processedRowsPerSecond),
         "trigger_ms": progress.durationMs.get("triggerExecution"),
+        "late": stats.late,
     }
 
 

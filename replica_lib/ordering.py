@@ -112,8 +112,12 @@ def version_of(seq: Column, partition: Column, offset: Column) -> Column:
 _COORDINATES = ("_topic", "_partition", "_offset")
 
 
-def one_per_key(changes_df: DataFrame, keys: Sequence[str]) -> DataFrame:
+def one_per_key(changes_df: DataFrame, keys: Sequence[str], late: bool = False) -> DataFrame:
     """The greatest version per key among the valid changes, and one copy of each rejected record.
+
+    ``late``: add ``_late``, whether the key's last change in log order has a lower seq than its winner (a *late
+    change*: Kafka's compaction keeps that last record, so a rebuild from a compacted log would keep it). A
+    Kafka tombstone last is not late: it deletes the key in the replica as after compaction.
 
     One aggregation (``max_by``, with a partial aggregation before its shuffle), so the decode's own job ranks the
     batch: no window, no sort. It is the ranking of :func:`latest_per_key` wherever no Kafka tombstone inherits a
@@ -126,8 +130,18 @@ def one_per_key(changes_df: DataFrame, keys: Sequence[str]) -> DataFrame:
     group += [F.when(~ok, F.col(c)).alias(f"_group{c}") for c in _COORDINATES]
     version = version_of(F.col("_seq"), F.col("_partition"), F.col("_offset"))
     change = F.struct(*[F.col(f"`{c}`") for c in changes_df.columns])
-    ranked = changes_df.groupBy(*group).agg(F.max_by(change, version).alias("_change"))
-    return ranked.select(*[F.col("_change")[c].alias(c) for c in changes_df.columns])
+    if not late:
+        ranked = changes_df.groupBy(*group).agg(F.max_by(change, version).alias("_change"))
+        return ranked.select(*[F.col("_change")[c].alias(c) for c in changes_df.columns])
+    # The key's last change in the log, beside its winner, in the same aggregation.
+    last = F.max_by(F.struct(F.col("_seq"), F.col("_tombstone")), F.struct(F.col("_partition"), F.col("_offset")))
+    ranked = changes_df.groupBy(*group).agg(F.max_by(change, version).alias("_change"), last.alias("_last"))
+    is_late = (
+        F.col("_change._error").isNull() & ~F.col("_last._tombstone") & (F.col("_last._seq") < F.col("_change._seq"))
+    )
+    return ranked.select(
+        *[F.col("_change")[c].alias(c) for c in changes_df.columns], F.coalesce(is_late, F.lit(False)).alias("_late")
+    )
 
 
 def unapplied(winners_df: DataFrame, keys: Sequence[str], states_df: DataFrame | None) -> DataFrame:

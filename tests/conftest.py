@@ -36,7 +36,13 @@ def spark(settings: LocalSettings) -> Iterator[SparkSession]:
 
 @pytest.fixture(scope="session")
 def kafka(settings: LocalSettings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
-    broker = EmbeddedKafka(tmp_path_factory.mktemp("broker"), settings.state_dir, settings.java_home)
+    # The log cleaner looks for work every 0.5 s (15 s by default), so a test can wait for it to compact a topic.
+    broker = EmbeddedKafka(
+        tmp_path_factory.mktemp("broker"),
+        settings.state_dir,
+        settings.java_home,
+        properties={"log.cleaner.backoff.ms": "500"},
+    )
     with broker:
         yield broker
 

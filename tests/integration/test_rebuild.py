@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +20,7 @@ from replica_dev import loadgen
 from replica_dev.conf import orders_table, replica_doc, write_replica
 from replica_lib.batch import BatchHooks
 from replica_lib.config import ReplicaConfig, Target, load_replica
-from replica_lib.errors import RebuildError
+from replica_lib.errors import LateChangeError, RebuildError
 from replica_lib.layout import fold
 from replica_lib.producer import ChangeProducer
 from replica_lib.progress import applied_offsets
@@ -38,7 +39,7 @@ from tests.integration.support import (
     tombstone,
     upsert,
 )
-from tests.integration.test_semantics import assert_matches_model
+from tests.integration.test_semantics import assert_matches_model, rows_by_key
 
 pytestmark = pytest.mark.integration
 
@@ -261,3 +262,58 @@ def _state(spark: SparkSession, cfg: ReplicaConfig, version: int | None = None) 
 
 def _model_state(spark: SparkSession, cfg: ReplicaConfig, log: list[Any]) -> set[tuple[Any, ...]]:
     return {(r["order_id"], r["status"], r["amount"]) for r in expected_df(spark, cfg, "orders", log).collect()}
+
+
+def test_late_changes_are_counted_refused_by_the_producer_and_a_rebuild_from_the_compacted_log_is_caught(
+    spark: SparkSession,
+    connection: dict[str, str],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Segments roll every 100 ms and any dirty share is worth cleaning: the broker's cleaner compacts the topic
+    # as soon as a segment is closed.
+    topic = f"late-{uuid.uuid4().hex[:8]}"
+    extra = (("segment.ms", "100"), ("min.cleanable.dirty.ratio", "0.01"), ("min.compaction.lag.ms", "0"))
+    TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=1, extra=extra), local=True)
+    conf, live = _live(tmp_path, connection["bootstrap.servers"], topic)
+
+    # The producer library refuses a late change; a primary that writes one anyway (allow) gets it counted.
+    with ChangeProducer(connection) as producer:
+        producer.write(topic, upsert(1, 5, "paid"))
+        with pytest.raises(LateChangeError):
+            producer.write(topic, upsert(1, 3, "late"))
+    produce(connection, topic, [upsert(1, 3, "late"), upsert(2, 1, "new")])
+    with caplog.at_level(logging.WARNING, logger="replica_lib.batch"):
+        run_replica(spark, live, available_now=True)
+    assert any("late changes" in r.getMessage() and "orders 1" in r.getMessage() for r in caplog.records)
+    assert rows_by_key(spark, live)[1]["status"] == "paid"  # the replica keeps the higher seq
+
+    # Kafka's cleaner keeps the last record of each key: the late one. Closed segments are compacted within a
+    # second; each filler record closes the segment before it (the active segment is never cleaned).
+    deadline = time.monotonic() + 120
+    filler = 1000
+    while _first_offset(connection, topic) == 0:
+        assert time.monotonic() < deadline, "the log cleaner did not compact the topic in 120 s"
+        produce(connection, topic, [upsert(filler, 1, "filler")])  # a new producer each time: 100 ms apart at least
+        filler += 1
+    run_replica(spark, live, available_now=True)
+
+    # The rebuild from the compacted log keeps the late change; its verify against the live replica says so.
+    assert rebuild_main([conf, "--into", str(tmp_path / "rebuilt"), "--verify"]) == 1
+    rebuilt = rebuild_config(live, str(tmp_path / "rebuilt"))
+    assert rows_by_key(spark, rebuilt)[1]["status"] == "late"
+    assert rows_by_key(spark, live)[1]["status"] == "paid"
+
+
+def _first_offset(connection: dict[str, str], topic: str) -> int:
+    """The offset of the first record partition 0 of ``topic`` still holds."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**connection, "group.id": f"probe-{uuid.uuid4().hex}", "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        message = consumer.poll(30)
+        assert message is not None and message.error() is None
+        return int(message.offset())
+    finally:
+        consumer.close()

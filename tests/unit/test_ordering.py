@@ -319,3 +319,39 @@ def test_one_per_key_keeps_one_copy_of_each_rejected_record(spark: SparkSession)
     )
     ranked = one_per_key(changes, KEYS).collect()
     assert sorted((r["order_id"], r["_offset"], r["_error"]) for r in ranked) == [(1, 1, None), (2, 2, "bad")]
+
+
+def test_a_key_whose_last_change_in_the_log_has_a_lower_seq_is_flagged_late(spark: SparkSession) -> None:
+    # The record Kafka's compaction keeps is the last one per key: where its seq is lower than the winner's, a
+    # rebuild from the compacted log would differ. A resend (equal seq) and a tombstone last are not late.
+    from replica_lib.ordering import one_per_key
+
+    rows = [
+        up(1, 5, 0),
+        up(1, 3, 1),  # late: last in the log, lower seq
+        up(2, 1, 2),
+        up(2, 4, 3),  # in order
+        up(3, 2, 4),
+        up(3, 2, 5),  # the same seq again
+        up(4, 7, 6),
+        tomb(4, 7),  # a tombstone last: compaction drops the key, as the replica does
+        up(5, 9, 8, partition=1),
+        up(5, 2, 9, partition=1),  # late, in another partition
+    ]
+    errors: list[str | None] = [None] * len(rows)
+    rows.append(up(6, 1, 10))
+    errors.append("bad")
+    changes = spark.createDataFrame(
+        [(*r, "orders", e) for r, e in zip(rows, errors, strict=True)],
+        CHANGES_SCHEMA + ", _topic STRING, _error STRING",
+    )
+    ranked = one_per_key(changes, KEYS, late=True)
+    assert {r["order_id"]: r["_late"] for r in ranked.collect()} == {
+        1: True,
+        2: False,
+        3: False,
+        4: False,
+        5: True,
+        6: False,
+    }
+    assert one_per_key(changes, KEYS).columns == changes.columns  # without late=True, nothing added
