@@ -146,10 +146,11 @@ def swap(
     before = position[2]
     position = _catch_up(session, shadow, rebuilt, position, recorded.ends)
     _at(at, "after_catch_up")
-    verified = [_verify(session, cfg, shadow, live, new) for live, new in zip(cfg.tables, shadow.tables, strict=True)]
+    pairs = list(zip(cfg.tables, shadow.tables, strict=True))
+    verified = [_verify(session, cfg, shadow, live, new) for live, new in pairs] if verify else []
     live_schemas = ensure_replica_tables(session, cfg)
     with typed_conflicts():
-        for live, new in zip(cfg.tables, shadow.tables, strict=True):
+        for live, new in pairs:
             schema = live_schemas[live.name] if live.merge_on_read else None
             _replace_table(session, cfg, recorded, live, new, schema, at)
         _copy_quarantine(session, cfg, shadow, recorded)
@@ -160,7 +161,7 @@ def swap(
     release_checkpoint(cfg)
     paused = time.monotonic() - stopped_at
     logger.info("swap %s: done; the old checkpoint is %s; the replica was stopped for %.1f s", cfg.name, aside, paused)
-    return Swapped(recorded, aside, paused, position[2], position[2] - before, verified=[v for v in verified if v])
+    return Swapped(recorded, aside, paused, position[2], position[2] - before, verified=verified)
 
 
 def _wait_for_the_replica(cfg: ReplicaConfig, wait_s: float, live_stopped: bool) -> float:
