@@ -43,7 +43,7 @@ from replica_lib.merge import (
 )
 from replica_lib.monitor import GroupOffsets
 from replica_lib.ordering import current_versions, latest_per_key, one_per_key, unapplied
-from replica_lib.progress import Offsets, batch_end_offsets, checkpoint_generation
+from replica_lib.progress import Offsets, batch_end_offsets, checkpoint_generation, offsets_json
 from replica_lib.target import TableSchema, changes_target, read_table, tombstone_target, version_columns
 
 logger = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ class BatchHandler:
             "replica": self.cfg.name,
             "batch_id": batch_id,
             "generation": self._generation,
-            "offsets": {t: {str(p): o for p, o in parts.items()} for t, parts in stats.offsets.items()},
+            "offsets": offsets_json(stats.offsets),
         }
         stage = _Stages(spark, stats, f"replica {self.cfg.name} batch {batch_id}")
         return _Batch(batch_id, spark, self._generation, stats, stage, metadata)

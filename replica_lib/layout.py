@@ -34,7 +34,7 @@ from replica_lib.merge import (
     typed_conflicts,
 )
 from replica_lib.ordering import one_per_key, unapplied
-from replica_lib.progress import applied_offsets
+from replica_lib.progress import applied_offsets, offsets_json
 from replica_lib.target import (
     PROVENANCE_COLUMNS,
     TableSchema,
@@ -173,7 +173,7 @@ def fold(
         "replica": applied.replica,
         "batch_id": applied.batch_id,
         "generation": applied.generation,
-        "offsets": {t: {str(p): o for p, o in parts.items()} for t, parts in applied.offsets.items()},
+        "offsets": offsets_json(applied.offsets),
         "folded": applied.version,
     }
     keys = list(table.keys)

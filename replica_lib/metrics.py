@@ -34,6 +34,7 @@ from replica_lib.batch import BatchStats
 from replica_lib.config import ReplicaConfig
 from replica_lib.errors import ReplicaError
 from replica_lib.merge import Commit, append_metrics
+from replica_lib.progress import offsets_json
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ def metrics_record(replica: str, stats: BatchStats, progress: Any) -> dict[str, 
         "unchanged": max(0, stats.records - stats.quarantined - stats.upserts - stats.deletes),
         "seconds": round(stats.seconds, 3),
         "stages": {name: round(seconds, 3) for name, seconds in stats.stages.items()},
-        "offsets": {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in sorted(stats.offsets.items())},
+        "offsets": offsets_json(stats.offsets),
         "offsets_behind_min": behind[0],
         "offsets_behind_avg": behind[1],
         "offsets_behind_max": behind[2],

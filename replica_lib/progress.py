@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,16 @@ logger = logging.getLogger(__name__)
 
 #: topic -> partition -> next offset to read (Spark's convention: the end offset is exclusive).
 Offsets = dict[str, dict[int, int]]
+
+
+def offsets_json(offsets: Offsets) -> dict[str, dict[str, int]]:
+    """``offsets`` as JSON takes them (partition numbers as strings), topics and partitions in order."""
+    return {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in sorted(offsets.items())}
+
+
+def parse_offsets(data: Mapping[str, Mapping[str, Any]]) -> Offsets:
+    """The inverse of :func:`offsets_json` (also reads Spark's offset log and commit metadata)."""
+    return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in data.items()}
 
 
 def _fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
@@ -91,7 +102,7 @@ def batch_end_offsets(spark: SparkSession, checkpoint: str, batch_id: int) -> Of
     lines = _read_lines(spark, f"{checkpoint.rstrip('/')}/offsets/{batch_id}")
     # Line 0 is the log version, line 1 the batch metadata, then one line per source (we have one).
     source = json.loads(lines[2])
-    return {topic: {int(p): int(o) for p, o in parts.items()} for topic, parts in source.items()}
+    return parse_offsets(source)
 
 
 @dataclass(frozen=True)
@@ -110,7 +121,7 @@ def _parse(version: int, user_metadata: str | None) -> AppliedVersion | None:
         return None
     try:
         data: dict[str, Any] = json.loads(user_metadata)
-        offsets = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in data["offsets"].items()}
+        offsets = parse_offsets(data["offsets"])
         return AppliedVersion(version, data["replica"], int(data["batch_id"]), data["generation"], offsets)
     except (ValueError, KeyError, TypeError):
         return None

@@ -25,7 +25,7 @@ from replica_lib.config import ReplicaConfig, Target
 from replica_lib.errors import ConfigError, RebuildError
 from replica_lib.layout import fold
 from replica_lib.meter import metered
-from replica_lib.progress import Offsets, path_exists, read_text, write_text
+from replica_lib.progress import Offsets, offsets_json, parse_offsets, path_exists, read_text, write_text
 from replica_lib.recovery import lock_checkpoint
 from replica_lib.source import check_reachable
 from replica_lib.stream import batch_confs
@@ -45,8 +45,7 @@ class Plan:
     generation: str
 
     def to_json(self) -> str:
-        ends = {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in sorted(self.ends.items())}
-        return json.dumps({"ends": ends, "generation": self.generation}, sort_keys=True)
+        return json.dumps({"ends": offsets_json(self.ends), "generation": self.generation}, sort_keys=True)
 
     @staticmethod
     def of(ends: Offsets) -> Plan:
@@ -156,8 +155,7 @@ def recorded_plan(spark: SparkSession, shadow: ReplicaConfig) -> Plan | None:
     if not path_exists(spark, path):
         return None
     recorded = json.loads(read_text(spark, path))
-    ends = {t: {int(p): int(o) for p, o in parts.items()} for t, parts in recorded["ends"].items()}
-    return Plan(ends, str(recorded["generation"]))
+    return Plan(parse_offsets(recorded["ends"]), str(recorded["generation"]))
 
 
 #: About how many records one task of a rebuild's read takes: the read is split into tasks of about this size, so
@@ -165,14 +163,19 @@ def recorded_plan(spark: SparkSession, shadow: ReplicaConfig) -> Plan | None:
 RECORDS_PER_TASK = 100_000
 
 
-def records_to_read(cfg: ReplicaConfig, ends: Offsets) -> int:
-    """How many offsets lie below ``ends`` from where each partition starts now (the log's end if unknown)."""
+def records_to_read(cfg: ReplicaConfig, ends: Offsets, starts: Offsets | None = None) -> int:
+    """How many offsets lie below ``ends`` from ``starts`` or, where later, from where each partition starts now."""
     client = cfg.kafka.client_config()
-    starts: Offsets = {}
+    earliest: Offsets = {}
     if client.settings is not None:
         admin = TopicAdmin(client.settings)
-        starts = {topic: admin.earliest_offsets(topic) for topic in ends}
-    return sum(max(0, end - starts.get(t, {}).get(p, 0)) for t, parts in ends.items() for p, end in parts.items())
+        earliest = {topic: admin.earliest_offsets(topic) for topic in ends}
+    starts = starts or {}
+    return sum(
+        max(0, end - max(earliest.get(t, {}).get(p, 0), starts.get(t, {}).get(p, 0)))
+        for t, parts in ends.items()
+        for p, end in parts.items()
+    )
 
 
 def read_range(
@@ -180,7 +183,6 @@ def read_range(
 ) -> DataFrame:
     """Every committed record of the replica's topics from ``starts`` (default: the log's start) up to ``ends``
     (Spark's batch read), in tasks of about :data:`RECORDS_PER_TASK` of the ``records`` expected."""
-    ending = {t: {str(p): o for p, o in parts.items()} for t, parts in ends.items()}
     options = cfg.kafka.spark_options()
     partitions = sum(len(parts) for parts in ends.values())
     if records > RECORDS_PER_TASK * partitions:
@@ -189,7 +191,7 @@ def read_range(
         {
             "subscribe": ",".join(cfg.topics),
             "startingOffsets": "earliest" if starts is None else _offsets_json(starts),
-            "endingOffsets": json.dumps(ending),
+            "endingOffsets": _offsets_json(ends),
             "failOnDataLoss": "true",
             "kafka.isolation.level": "read_committed",
             "includeHeaders": "false",
@@ -199,7 +201,7 @@ def read_range(
 
 
 def _offsets_json(offsets: Offsets) -> str:
-    return json.dumps({t: {str(p): o for p, o in sorted(parts.items())} for t, parts in sorted(offsets.items())})
+    return json.dumps(offsets_json(offsets))
 
 
 def rebuild_session(spark: SparkSession) -> SparkSession:
@@ -224,7 +226,7 @@ def apply_range(
     schemas = ensure_replica_tables(session, shadow)
     handler = BatchHandler(shadow, schemas, hooks, monitored=False)  # the live replica's consumer group is its own
     try:
-        total = records_to_read(shadow, ends) - (records_to_read(shadow, starts) if starts else 0)
+        total = records_to_read(shadow, ends, starts)
         with metered(session, f"rebuild {shadow.name}", total):
             frame = read_range(session, shadow, ends, total, starts)
             stats = handler.apply(frame, batch_id, ends, the_plan.generation)

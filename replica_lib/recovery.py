@@ -34,6 +34,7 @@ from replica_lib.progress import (
     applied_offsets,
     batch_ids,
     last_committed_offsets,
+    offsets_json,
     path_exists,
     read_text,
     write_text,
@@ -170,7 +171,7 @@ def check_checkpoint(spark: SparkSession, cfg: ReplicaConfig) -> None:
     if owner is None or committed is None:
         return  # nothing applied yet (or a new checkpoint): any table will do, missing ones are created
     recorded: dict[str, str] = owner.get("table_ids", {})
-    applied = json.dumps({t: {str(p): o for p, o in sorted(parts.items())} for t, parts in committed.items()})
+    applied = json.dumps(offsets_json(committed))
     for table in cfg.tables:
         problem = _table_problem(spark, cfg, table, owner, recorded)
         if problem is not None:
@@ -314,7 +315,7 @@ def starting_offsets(spark: SparkSession, cfg: ReplicaConfig) -> str | None:
         cfg.checkpoint,
         json.dumps(resumed),
     )
-    return json.dumps({t: {str(p): o for p, o in parts.items()} for t, parts in resumed.items()})
+    return json.dumps(offsets_json(resumed))
 
 
 def check_log_still_holds(applied: Offsets, log_start: Offsets, cfg: ReplicaConfig) -> None:

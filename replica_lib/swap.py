@@ -36,7 +36,15 @@ from replica_lib.config import ReplicaConfig, TableConfig
 from replica_lib.errors import RebuildError, VerifyError
 from replica_lib.layout import fold
 from replica_lib.merge import Commit, append_quarantine, replace_rows, typed_conflicts
-from replica_lib.progress import Offsets, path_exists, read_text, rename_path, write_text
+from replica_lib.progress import (
+    Offsets,
+    offsets_json,
+    parse_offsets,
+    path_exists,
+    read_text,
+    rename_path,
+    write_text,
+)
 from replica_lib.rebuild import Plan, apply_range, rebuild_config, rebuild_session, recorded_plan
 from replica_lib.recovery import (
     applied_so_far,
@@ -74,21 +82,14 @@ class SwapPlan:
 
     def to_json(self) -> str:
         return json.dumps(
-            {"swap_id": self.swap_id, "applied": _text(self.applied), "ends": _text(self.ends)}, sort_keys=True
+            {"swap_id": self.swap_id, "applied": offsets_json(self.applied), "ends": offsets_json(self.ends)},
+            sort_keys=True,
         )
 
     @staticmethod
     def parse(text: str) -> SwapPlan:
         data = json.loads(text)
-        return SwapPlan(str(data["swap_id"]), _offsets(data["applied"]), _offsets(data["ends"]))
-
-
-def _text(offsets: Offsets) -> dict[str, dict[str, int]]:
-    return {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in sorted(offsets.items())}
-
-
-def _offsets(data: dict[str, dict[str, int]]) -> Offsets:
-    return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in data.items()}
+        return SwapPlan(str(data["swap_id"]), parse_offsets(data["applied"]), parse_offsets(data["ends"]))
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,7 @@ def _resume_catch_up(spark: SparkSession, shadow: ReplicaConfig, rebuilt: Plan) 
     if not path_exists(spark, path):
         return 0, rebuilt.ends, 0
     last = json.loads(read_text(spark, path))
-    batch_id, starts, ends = int(last["batch_id"]), _offsets(last["starts"]), _offsets(last["ends"])
+    batch_id, starts, ends = int(last["batch_id"]), parse_offsets(last["starts"]), parse_offsets(last["ends"])
     records = apply_range(spark, shadow, rebuilt, batch_id, ends, starts).records
     return batch_id, ends, records
 
@@ -220,10 +221,10 @@ def _catch_up(
     if _later(starts, ends) == starts:
         return position
     starts = {t: {p: starts.get(t, {}).get(p, 0) for p in parts} for t, parts in ends.items()}
-    record = {"batch_id": batch_id + 1, "starts": _text(starts), "ends": _text(ends)}
+    record = {"batch_id": batch_id + 1, "starts": offsets_json(starts), "ends": offsets_json(ends)}
     write_text(spark, f"{shadow.checkpoint}/{CATCH_UP_FILE}", json.dumps(record, sort_keys=True))
     applied = apply_range(spark, shadow, rebuilt, batch_id + 1, ends, starts).records
-    logger.info("swap %s: rebuilt tables caught up to %s (%d records)", shadow.name, _text(ends), applied)
+    logger.info("swap %s: rebuilt tables caught up to %s (%d records)", shadow.name, offsets_json(ends), applied)
     return batch_id + 1, ends, records + applied
 
 
@@ -247,7 +248,12 @@ def _replace_table(
     at: Callable[[str], None] | None,
 ) -> None:
     """Replace one live table's rows (and its retained deletes, change log) with the rebuilt one's."""
-    metadata = {"replica": cfg.name, "batch_id": 0, "generation": f"swap-{plan.swap_id}", "offsets": _text(plan.ends)}
+    metadata = {
+        "replica": cfg.name,
+        "batch_id": 0,
+        "generation": f"swap-{plan.swap_id}",
+        "offsets": offsets_json(plan.ends),
+    }
 
     def commit(label: str) -> Commit:
         return Commit(f"replica:{cfg.name}:{label}:swap-{plan.swap_id}", 0, metadata)
@@ -260,7 +266,9 @@ def _replace_table(
     replace_rows(live.target, read_table(spark, new.target), commit(live.name))
     if live.merge_on_read:  # the rebuilt change log is empty (folded); its commit records where the table stands
         replace_rows(changes_target(live), read_table(spark, changes_target(new)), commit(f"{live.name}:changes"))
-    logger.info("swap %s: %s now holds the rebuilt rows (at %s)", cfg.name, live.target.describe(), _text(plan.ends))
+    logger.info(
+        "swap %s: %s now holds the rebuilt rows (at %s)", cfg.name, live.target.describe(), offsets_json(plan.ends)
+    )
     _at(at, "after_table")
 
 
