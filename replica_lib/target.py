@@ -164,8 +164,12 @@ def table_id(spark: SparkSession, target: Target) -> str | None:
     if not table_exists(spark, target):
         return None
     table = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, str(target.table))
-    row = table.detail().select("id").first()
-    return None if row is None else str(row[0])
+    # The id is in the snapshot's metadata, which Delta reads from the log alone; DESCRIBE DETAIL would also count
+    # the table's files, a Spark job (several seconds on a starting JVM) that a start-up check need not pay.
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    none = jvm.scala.Option.empty()
+    return str(table._jdt.deltaLog().update(False, none, none).metadata().id())
 
 
 def ensure_table(
