@@ -34,12 +34,12 @@ from pyspark.sql import SparkSession
 from replica_dev import loadgen
 from replica_dev.conf import orders_table, replica_doc, write_replica
 from replica_dev.embedded_kafka import EmbeddedKafka
-from replica_dev.faults import CRASH_ENV, WINDOWS
+from replica_dev.faults import CRASH_ENV, CRASH_POINTS, WINDOWS
 from replica_dev.model import LoggedChange, fold
-from replica_lib.config import COPY_ON_WRITE, MERGE_ON_READ, PROJECT_ROOT, load_replica
+from replica_lib.config import COPY_ON_WRITE, MERGE_ON_READ, PROJECT_ROOT, TableConfig, load_replica
 from replica_lib.layout import read_state
 from replica_lib.merge import MERGE_DELETION_VECTORS
-from replica_lib.producer import ChangeProducer
+from replica_lib.producer import Change, ChangeProducer
 from replica_lib.progress import last_committed_offsets
 from replica_lib.target import changes_target
 from replica_lib.topics import TopicAdmin, TopicSpec
@@ -76,20 +76,41 @@ class ChaosPlan:
     #: None: each MERGE chooses (a table this small is rewritten); True or False: every MERGE writes deletion
     #: vectors, or none (through the Spark conf that decides for every MERGE, see replica_lib.merge).
     deletion_vectors: bool | None = None
-    layout: str = COPY_ON_WRITE  # of the replica's table; a merge-on-read table is folded every 2nd batch
+    #: One table per layout, each fed by a topic of its own with the same workload (a merge-on-read table is
+    #: folded every 2nd batch); the batches of a replica with both pass the windows of both.
+    layouts: tuple[str, ...] = (COPY_ON_WRITE,)
+    #: After the last restart, start a second instance of the running replica by mistake: it must fail at once
+    #: and clearly, and the first must go on undisturbed.
+    second_instance: bool = False
 
     def __post_init__(self) -> None:
-        if self.layout not in WINDOWS:
-            raise ValueError(f"unknown layout {self.layout!r}: use {', '.join(WINDOWS)}")
-        unknown = [w for w in self.windows if w not in WINDOWS[self.layout]]
+        unknown_layouts = [layout for layout in self.layouts if layout not in WINDOWS]
+        if unknown_layouts or not self.layouts or len(set(self.layouts)) != len(self.layouts):
+            raise ValueError(f"layouts {list(self.layouts)}: give each of {', '.join(WINDOWS)} at most once")
+        unknown = [w for w in self.windows if w not in layout_windows(self.layouts)]
         if unknown:
-            raise ValueError(f"crash windows {unknown} are not passed by a {self.layout} table's batches")
+            raise ValueError(f"crash windows {unknown} are not passed by the batches of {', '.join(self.layouts)}")
         if self.kills < 0 or self.keys < 1 or self.rate <= 0:
             raise ValueError("kills must be >= 0, keys >= 1 and rate > 0")
 
     @property
     def windows(self) -> tuple[str, ...]:
-        return WINDOWS[self.layout] if self.crash_windows is None else self.crash_windows
+        return layout_windows(self.layouts) if self.crash_windows is None else self.crash_windows
+
+    @property
+    def tables(self) -> dict[str, str]:
+        """Table name -> layout: ``orders`` for copy-on-write, ``orders_mor`` for merge-on-read."""
+        return {TABLE_NAMES[layout]: layout for layout in self.layouts}
+
+
+#: The harness's table for each layout.
+TABLE_NAMES = {COPY_ON_WRITE: "orders", MERGE_ON_READ: "orders_mor"}
+
+
+def layout_windows(layouts: Sequence[str]) -> tuple[str, ...]:
+    """The crash windows that a batch of a replica with tables of ``layouts`` passes, in the order it passes them."""
+    passed = {w for layout in layouts for w in WINDOWS[layout]}
+    return tuple(w for w in CRASH_POINTS if w in passed)
 
 
 @dataclass
@@ -105,6 +126,7 @@ class ChaosReport:
     seconds: float = 0.0
     versions_checked: int = 0
     compactions: int = 0  # OPTIMIZE commits of the replica between its batches (no rows: not checked as versions)
+    second_instance_refused: bool = False
     # must be zero:
     lost: int = 0
     extra: int = 0
@@ -135,7 +157,8 @@ class ChaosReport:
         return [
             f"events {self.events}, keys {self.keys}, random kills {self.kills}, crash windows "
             f"{json.dumps(self.crashes, sort_keys=True)}, restarts {self.restarts}, {self.seconds:.0f}s",
-            f"recovery (restart to first applied batch): {recovery}",
+            f"recovery (restart to first applied batch): {recovery}"
+            + (", a second instance refused" if self.second_instance_refused else ""),
             f"Delta versions checked by time travel: {self.versions_checked}, compactions: {self.compactions}",
             f"lost {self.lost}, extra {self.extra}, duplicates {self.duplicates}, stale {self.stale}, "
             f"wrong versions {self.versions_wrong}, batches committed twice {self.batches_committed_twice}, "
@@ -144,11 +167,11 @@ class ChaosReport:
 
 
 class _Producer(threading.Thread):
-    """The primary: writes the seeded workload at ``rate`` until stopped."""
+    """The primary: writes the seeded workload at ``rate`` until stopped, each change to every table's topic."""
 
-    def __init__(self, connection: Mapping[str, str], topic: str, plan: ChaosPlan) -> None:
+    def __init__(self, connection: Mapping[str, str], topics: Mapping[str, str], plan: ChaosPlan) -> None:
         super().__init__(name="chaos-producer", daemon=True)
-        self.connection, self.topic, self.plan = connection, topic, plan
+        self.connection, self.topics, self.plan = connection, dict(topics), plan
         self.stop = threading.Event()
         self.logged: list[LoggedChange] = []
         self.error: BaseException | None = None
@@ -160,17 +183,17 @@ class _Producer(threading.Thread):
             )
             changes = loadgen.generate(workload)
             with ChangeProducer(self.connection) as producer:
-                sent = []
+                sent: list[tuple[Any, Change, str]] = []
                 started = time.monotonic()
                 for i, change in enumerate(changes):
                     if self.stop.is_set() and i >= self.plan.events:
                         break
-                    sent.append((producer.send(self.topic, change), change))
+                    sent += [(producer.send(topic, change), change, table) for table, topic in self.topics.items()]
                     ahead = started + (i + 1) / self.plan.rate - time.monotonic()
                     if ahead > 0:
                         time.sleep(ahead)  # pacing the primary
                 producer.flush()
-                self.logged = [LoggedChange(d.result(), c, "orders") for d, c in sent]
+                self.logged = [LoggedChange(d.result(), c, table) for d, c, table in sent]
         except BaseException as exc:  # reported by the harness
             self.error = exc
 
@@ -239,21 +262,22 @@ class _Scenario:
         self.plan, self.workdir, self.started = plan, workdir, time.monotonic()
         workdir.mkdir(parents=True, exist_ok=True)
         connection = {"bootstrap.servers": bootstrap_servers}
-        topic = f"{prefix}-{plan.seed}-{int(time.time())}"
-        TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=plan.partitions), local=True)
+        topics = {table: f"{prefix}-{plan.seed}-{int(time.time())}-{table}" for table in plan.tables}
+        for topic in topics.values():
+            TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=plan.partitions), local=True)
         self.conf = workdir / "chaos.toml"
         doc = replica_doc(
             "chaos",
             workdir / "data",
             bootstrap_servers,
-            {"orders": orders_table(topic, **_layout(plan.layout))},
+            {table: orders_table(topics[table], **_layout(layout)) for table, layout in plan.tables.items()},
             source={"max_offsets_per_trigger": plan.max_offsets_per_trigger},
             trigger={"interval": "1 second"},
             compaction={"every_batches": 2},
         )
         write_replica(self.conf, doc)
         self.report = ChaosReport(keys=plan.keys)
-        self.producer = _Producer(connection, topic, plan)
+        self.producer = _Producer(connection, topics, plan)
         self.producer.start()
         self.launches: list[_Launch] = []
 
@@ -276,7 +300,7 @@ class _Scenario:
             raise RuntimeError(f"the last run did not stop cleanly on SIGTERM; see {run.log}")
 
     def judge(self, spark: SparkSession) -> ChaosReport:
-        self.report.restarts = len(self.launches) - 1
+        self.report.restarts = len(self.launches) - 1 - self.report.second_instance_refused
         self.report.events = len(self.producer.logged)
         _oracle(spark, self.conf, self.producer.logged, self.report)
         self.report.seconds = time.monotonic() - self.started
@@ -310,13 +334,28 @@ def run_chaos(spark: SparkSession, plan: ChaosPlan, workdir: Path, bootstrap_ser
                 time.monotonic() - victim.started,
                 len(run.launches),
             )
-        run.stop_primary()
         final = run.launch()
         report.recovery_s.append(final.wait_for_batch(plan.launch_timeout_s))
+        if plan.second_instance:
+            _refuse_second_instance(run, final)
+        run.stop_primary()
         run.drain_and_stop(spark, final)
     finally:
         run.producer.stop.set()
     return run.judge(spark)
+
+
+def _refuse_second_instance(run: _Scenario, first: _Launch) -> None:
+    """A second instance of the running ``first`` must fail at once and clearly, and leave ``first`` running."""
+    second = run.launch()
+    code = second.wait_exit(run.plan.launch_timeout_s)
+    second.kill()
+    if code != 2 or "is already running on checkpoint" not in second.log.read_text(errors="replace"):
+        raise RuntimeError(f"the second instance did not fail clearly (exit {code}); see {second.log}")
+    if first.proc.poll() is not None:
+        raise RuntimeError(f"the first instance stopped (exit {first.proc.returncode}); see {first.log}")
+    run.report.second_instance_refused = True
+    logger.info("a second instance was refused (launch %d); the first goes on", len(run.launches))
 
 
 def _layout(layout: str) -> dict[str, Any]:
@@ -367,16 +406,23 @@ def _compare(
 
 
 def _oracle(spark: SparkSession, conf: Path, logged: Sequence[LoggedChange], report: ChaosReport) -> None:
+    cfg = load_replica(conf)
+    for table in cfg.tables:
+        _check_table(spark, table, [e for e in logged if e.table == table.name], report)
+
+
+def _check_table(spark: SparkSession, table: TableConfig, logged: Sequence[LoggedChange], report: ChaosReport) -> None:
+    """Add what the oracle finds in ``table`` (fed by ``logged``) to ``report``."""
     from delta.tables import DeltaTable
 
-    cfg = load_replica(conf)
-    table = cfg.table("orders")
     path = table.target.path or ""
-    keys, sequenced = {"orders": ("order_id",)}, {"orders": True}
+    keys, sequenced = {table.name: ("order_id",)}, {table.name: True}
     # The state readers see (a merge-on-read table's view); every version of the table itself is checked below:
     # a merge-on-read table's versions are its folds, each recorded at the offsets of the last batch it folded.
-    actual, report.duplicates = _rows(read_state(spark, table).collect())
-    report.lost, report.extra, report.stale = _compare(actual, fold(logged, keys, sequenced)["orders"])
+    actual, duplicates = _rows(read_state(spark, table).collect())
+    lost, extra, stale = _compare(actual, fold(logged, keys, sequenced)[table.name])
+    report.duplicates += duplicates
+    report.lost, report.extra, report.stale = report.lost + lost, report.extra + extra, report.stale + stale
 
     history = DeltaTable.forPath(spark, path).history().select("version", "operation", "userMetadata")
     seen: Counter[tuple[str, int]] = Counter()
@@ -399,12 +445,13 @@ def _oracle(spark: SparkSession, conf: Path, logged: Sequence[LoggedChange], rep
         at_version, duplicated = _rows(
             spark.read.format("delta").option("versionAsOf", row["version"]).load(path).collect()
         )
-        lost, extra, stale = _compare(at_version, fold(prefix, keys, sequenced)["orders"])
+        lost, extra, stale = _compare(at_version, fold(prefix, keys, sequenced)[table.name])
         report.versions_checked += 1
         if lost or extra or stale or duplicated:
             report.versions_wrong += 1
             logger.error(
-                "version %d (offsets %s): lost %d, extra %d, stale %d, duplicated %d",
+                "%s version %d (offsets %s): lost %d, extra %d, stale %d, duplicated %d",
+                table.name,
                 row["version"],
                 offsets,
                 lost,
@@ -418,7 +465,7 @@ def _oracle(spark: SparkSession, conf: Path, logged: Sequence[LoggedChange], rep
         for row in log_history.where("userMetadata IS NOT NULL").collect():
             meta = json.loads(row["userMetadata"])
             seen[(meta["generation"], int(meta["batch_id"]))] += 1
-    report.batches_committed_twice = sum(n - 1 for n in seen.values() if n > 1)
+    report.batches_committed_twice += sum(n - 1 for n in seen.values() if n > 1)
 
 
 def run_broker_outages(
@@ -471,23 +518,3 @@ def run_broker_outages(
             broker.start()
     return run.judge(spark)
 
-
-def run_second_instance(spark: SparkSession, plan: ChaosPlan, workdir: Path, bootstrap_servers: str) -> ChaosReport:
-    """Start a second instance of a running replica by mistake: it must fail at once and clearly, and the first
-    must go on undisturbed; the oracle must hold. ``report.restarts`` counts the refused instance."""
-    run = _Scenario(plan, workdir, bootstrap_servers, "twice")
-    try:
-        first = run.launch()
-        run.report.recovery_s.append(first.wait_for_batch(plan.launch_timeout_s))
-        second = run.launch()
-        code = second.wait_exit(plan.launch_timeout_s)
-        second.kill()
-        if code != 2 or "is already running on checkpoint" not in second.log.read_text(errors="replace"):
-            raise RuntimeError(f"the second instance did not fail clearly (exit {code}); see {second.log}")
-        run.stop_primary()
-        if first.proc.poll() is not None:
-            raise RuntimeError(f"the first instance stopped (exit {first.proc.returncode}); see {first.log}")
-        run.drain_and_stop(spark, first)
-    finally:
-        run.producer.stop.set()
-    return run.judge(spark)

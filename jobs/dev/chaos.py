@@ -13,9 +13,8 @@ import tempfile
 from pathlib import Path
 
 from jobs._cli import guarded, setup_logging
-from replica_dev.chaos import ChaosPlan, run_chaos
+from replica_dev.chaos import ChaosPlan, layout_windows, run_chaos
 from replica_dev.embedded_kafka import EmbeddedKafka
-from replica_dev.faults import WINDOWS
 from replica_lib.config import COPY_ON_WRITE, LAYOUTS, local_settings
 from replica_lib.session import build_session
 
@@ -40,19 +39,29 @@ def main(argv: list[str]) -> int:
         default="auto",
         help="auto: each MERGE chooses (default); on/off: every MERGE writes deletion vectors, or none",
     )
-    parser.add_argument("--layout", choices=LAYOUTS, default=COPY_ON_WRITE, help="the replica table's layout")
+    parser.add_argument(
+        "--layout",
+        action="append",
+        choices=LAYOUTS,
+        help="a table of this layout (repeat for one table of each; default copy-on-write)",
+    )
+    parser.add_argument(
+        "--second-instance", action="store_true", help="at the end, start a second instance by mistake: it must fail"
+    )
     args = parser.parse_args(argv)
     setup_logging()
+    layouts = tuple(dict.fromkeys(args.layout or [COPY_ON_WRITE]))
     try:
         plan = ChaosPlan(
             keys=args.keys,
             events=args.events,
             kills=args.kills,
-            crash_windows=WINDOWS[args.layout] * args.window_repeats,
+            crash_windows=layout_windows(layouts) * args.window_repeats,
             rate=args.rate,
             seed=args.seed,
             deletion_vectors={"auto": None, "on": True, "off": False}[args.deletion_vectors],
-            layout=args.layout,
+            layouts=layouts,
+            second_instance=args.second_instance,
         )
     except ValueError as exc:
         parser.error(str(exc))
