@@ -68,6 +68,7 @@ class BatchStats:
     deletes: int = 0
     quarantined: int = 0
     late: int = 0  # keys whose last change in this batch's log has a lower seq than an earlier one (late changes)
+    late_tables: dict[str, int] = field(default_factory=dict)  # ``late`` by table, for the tables that had any
     seconds: float = 0.0
     offsets: dict[str, dict[int, int]] = field(default_factory=dict)
     stages: dict[str, float] = field(default_factory=dict)  # seconds per stage of the batch, in order
@@ -269,9 +270,10 @@ class BatchHandler:
         records = sum(s.records for s in summaries.values())
         rejected = sum(s.rejected for s in summaries.values())
         batch.stats.records = records
-        batch.stats.late = sum(s.late for s in summaries.values())
+        batch.stats.late_tables = {name: s.late for name, s in summaries.items() if s.late}
+        batch.stats.late = sum(batch.stats.late_tables.values())
         if batch.stats.late:
-            late = ", ".join(f"{name} {s.late}" for name, s in summaries.items() if s.late)
+            late = ", ".join(f"{name} {n}" for name, n in batch.stats.late_tables.items())
             logger.warning(
                 "replica %s batch %d: late changes (a key's last change in the log has a lower seq than an earlier "
                 "one; a rebuild from a compacted topic would keep the lower one): %s",

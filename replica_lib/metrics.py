@@ -11,8 +11,9 @@ Fields of a record (and columns of the table): ``replica``, ``query_id`` (the ch
 row: a newer change of their key won, in the batch or in the table, or a delete found no row), ``seconds``,
 ``stages`` (seconds per stage), ``offsets`` (topic -> partition -> end offset), ``offsets_behind_min/avg/max``
 (Spark's records between the batch's end and the log's end, per partition), ``input_rows_per_second``,
-``processed_rows_per_second``, ``trigger_ms`` and ``late`` (keys whose last change in the batch has a lower seq
-than an earlier one: see ``replica_lib.ordering.one_per_key``).
+``processed_rows_per_second``, ``trigger_ms``, ``late`` (keys whose last change in the batch has a lower seq
+than an earlier one: see ``replica_lib.ordering.one_per_key``) and ``late_tables`` (``late`` by table name, for the
+tables that had any: what ``replica status`` and a rebuild's pre-flight add up).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQueryListener
 
@@ -35,6 +37,7 @@ from replica_lib.config import ReplicaConfig
 from replica_lib.errors import ReplicaError
 from replica_lib.merge import Commit, append_metrics
 from replica_lib.progress import offsets_json
+from replica_lib.target import read_table, table_exists
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +62,9 @@ METRICS_SCHEMA = T.StructType(
         T.StructField("input_rows_per_second", T.DoubleType()),
         T.StructField("processed_rows_per_second", T.DoubleType()),
         T.StructField("trigger_ms", T.LongType()),
-        T.StructField("late", T.LongType()),  # last: a table written before it had the column gains it
+        # Last: a table written before they existed gains them on append.
+        T.StructField("late", T.LongType()),
+        T.StructField("late_tables", T.MapType(T.StringType(), T.LongType())),
     ]
 )
 
@@ -209,6 +214,7 @@ def metrics_record(replica: str, stats: BatchStats, progress: Any) -> dict[str, 
         "processed_rows_per_second": _finite(progress.processedRowsPerSecond),
         "trigger_ms": progress.durationMs.get("triggerExecution"),
         "late": stats.late,
+        "late_tables": dict(stats.late_tables),
     }
 
 
@@ -233,3 +239,27 @@ def _row(record: dict[str, Any]) -> tuple[Any, ...]:
     values["timestamp"] = datetime.fromisoformat(str(record["timestamp"]).replace("Z", "+00:00"))
     values["offsets"] = {t: {int(p): o for p, o in parts.items()} for t, parts in record["offsets"].items()}
     return tuple(values[f.name] for f in METRICS_SCHEMA.fields)
+
+
+def late_counts(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, int] | None:
+    """Late changes the replica has counted, by table, from its metrics table (None when it keeps none).
+
+    Each batch counts once, however often its record was appended (a batch re-run after a crash). A metrics table
+    from before ``late_tables`` existed counts from when it gained the column.
+    """
+    if cfg.metrics is None or not table_exists(spark, cfg.metrics):
+        return None
+    metrics_df = read_table(spark, cfg.metrics)
+    counts = {t.name: 0 for t in cfg.tables}
+    if "late_tables" not in metrics_df.columns:
+        return counts
+    rows = (
+        metrics_df.where(F.col("replica") == cfg.name)
+        .select("query_id", "batch_id", F.explode("late_tables").alias("table", "late"))
+        .dropDuplicates(["query_id", "batch_id", "table"])
+        .groupBy("table")
+        .agg(F.sum("late").alias("late"))
+        .collect()
+    )
+    counts.update({str(row["table"]): int(row["late"]) for row in rows if row["table"] in counts})
+    return counts

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from pyspark.sql import DataFrame, SparkSession
@@ -25,6 +26,7 @@ from replica_lib.config import ReplicaConfig, Target
 from replica_lib.errors import ConfigError, RebuildError
 from replica_lib.layout import fold
 from replica_lib.meter import metered
+from replica_lib.metrics import late_counts
 from replica_lib.progress import Offsets, offsets_json, parse_offsets, path_exists, read_text, write_text
 from replica_lib.recovery import lock_checkpoint
 from replica_lib.source import check_reachable
@@ -79,14 +81,15 @@ def _inside(path: str, folder: str) -> bool:
     return bool(path) and (path == folder or path.startswith(folder.rstrip("/") + "/"))
 
 
-def preflight(cfg: ReplicaConfig, ends: Offsets) -> list[str]:
+def preflight(cfg: ReplicaConfig, ends: Offsets, late: Mapping[str, int] | None = None) -> list[str]:
     """Before anything is read: can the log still reproduce the state up to ``ends``? Returns warnings.
 
     Raises :class:`RebuildError` when records the rebuild needs are gone: a partition that no longer starts at
     offset 0 lost records (retention under ``cleanup.policy=delete`` or ``compact,delete``, or a records deletion;
     compaction alone never moves a partition's start). On a compacted log, deletes
     older than ``delete.retention.ms`` may have been removed together with the key's earlier records: the
-    rebuilt table then lacks the key, as it should.
+    rebuilt table then lacks the key, as it should. ``late`` (late changes the live replica counted, by table) names
+    the compacted topics where compaction may have kept a late change in place of the change that wins by seq.
     """
     client = cfg.kafka.client_config()
     if client.settings is None:
@@ -116,7 +119,20 @@ def preflight(cfg: ReplicaConfig, ends: Offsets) -> list[str]:
                 "removed with their key's earlier records (the rebuilt table lacks those keys, as it should); a "
                 "change written with a lower seq after a higher one may be the one compaction kept"
             )
+            warnings.extend(_late_warning(cfg, topic, late or {}))
     return warnings
+
+
+def _late_warning(cfg: ReplicaConfig, topic: str, late: Mapping[str, int]) -> list[str]:
+    seen = {t.name: late[t.name] for t in cfg.tables if t.topic == topic and late.get(t.name)}
+    if not seen:
+        return []
+    counted = ", ".join(f"{n} on table {name}" for name, n in sorted(seen.items()))
+    return [
+        f"topic {topic} has had late changes: replica {cfg.name} counted {counted}; where Kafka's cleaner kept such a "
+        "change in place of the one with the higher seq, the rebuilt table differs from the live one: add --verify "
+        "to compare them"
+    ]
 
 
 def log_ends(cfg: ReplicaConfig) -> Offsets:
@@ -128,8 +144,13 @@ def log_ends(cfg: ReplicaConfig) -> Offsets:
     return {topic: admin.latest_offsets(topic) for topic in cfg.topics}
 
 
-def plan(spark: SparkSession, shadow: ReplicaConfig, until: Offsets | None) -> Plan:
-    """The rebuild's plan: the one recorded by an earlier run into the same folder, else a new one (recorded)."""
+def plan(
+    spark: SparkSession, shadow: ReplicaConfig, until: Offsets | None, late: Mapping[str, int] | None = None
+) -> Plan:
+    """The rebuild's plan: the one recorded by an earlier run into the same folder, else a new one (recorded).
+
+    ``late``: the live replica's late changes by table, for the pre-flight.
+    """
     previous = recorded_plan(spark, shadow)
     if previous is not None:
         if until is not None and until != previous.ends:
@@ -143,7 +164,7 @@ def plan(spark: SparkSession, shadow: ReplicaConfig, until: Offsets | None) -> P
     missing = sorted(set(shadow.topics) - set(new.ends))
     if missing:
         raise RebuildError(f"no end offsets given for topic(s) {', '.join(missing)} of replica {shadow.name}")
-    for warning in preflight(shadow, new.ends):
+    for warning in preflight(shadow, new.ends, late):
         logger.warning("rebuild %s: %s", shadow.name, warning)
     write_text(spark, f"{shadow.checkpoint}/{PLAN_FILE}", new.to_json())
     return new
@@ -251,7 +272,7 @@ def rebuild(
     lock_checkpoint(shadow)
     check_reachable(shadow)
     session = rebuild_session(spark)
-    the_plan = plan(session, shadow, until)
+    the_plan = plan(session, shadow, until, late_counts(session, cfg))
     logger.info(
         "rebuild %s into %s: the log up to %s",
         cfg.name,

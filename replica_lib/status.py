@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,6 +28,7 @@ from replica_lib.config import ReplicaConfig, TableConfig
 from replica_lib.errors import TopicError
 from replica_lib.layout import read_state
 from replica_lib.merge import delta_table
+from replica_lib.metrics import late_counts
 from replica_lib.progress import newest_commit
 from replica_lib.target import applied_target, read_table, table_exists, tombstone_target
 from replica_lib.topics import TopicAdmin
@@ -70,6 +71,7 @@ class TableStatus:
     batch_id: int | None = None  # of the table's newest replica commit
     last_commit_s: float | None = None  # when that commit was made (seconds since the epoch)
     newest_event_s: float | None = None  # the newest event time among the table's rows and retained deletes
+    late: int | None = None  # late changes the replica counted for this table (None: it keeps no metrics table)
     problems: tuple[str, ...] = ()  # what could not be read
     unhealthy: tuple[str, ...] = ()  # why the table is unhealthy; empty when healthy
 
@@ -134,6 +136,7 @@ class ReplicaStatus:
                     "since_commit_s": _round(self.age_s(t.last_commit_s)),
                     "newest_event_at": _iso(t.newest_event_s),
                     "event_age_s": _round(self.age_s(t.newest_event_s)),
+                    "late_changes": t.late,
                 }
                 for t in self.tables
             ],
@@ -171,8 +174,20 @@ def replica_status(
             except TopicError as exc:
                 logs[topic] = str(exc)
     checked_s = time.time()
-    tables = tuple(judge(_table_status(spark, cfg, t, logs.get(t.topic)), thresholds, checked_s) for t in cfg.tables)
+    late = _late_counts(spark, cfg)
+    tables = tuple(
+        judge(replace(_table_status(spark, cfg, t, logs.get(t.topic)), late=late.get(t.name)), thresholds, checked_s)
+        for t in cfg.tables
+    )
     return ReplicaStatus(cfg.name, cfg.source_file, checked_s, thresholds, tables, problems)
+
+
+def _late_counts(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, int]:
+    """Late changes by table from the replica's metrics table; empty when it keeps none or it cannot be read."""
+    try:
+        return late_counts(spark, cfg) or {}
+    except (AnalysisException, Py4JJavaError):
+        return {}
 
 
 def _table_status(
@@ -286,6 +301,7 @@ COLUMNS = (
     "VERSION",
     "ROWS",
     "QUAR.",
+    "LATE",
     "STATUS",
 )
 
@@ -312,6 +328,7 @@ def render(statuses: Sequence[ReplicaStatus], partitions: bool = False) -> str:
                     _cell(t.version),
                     _cell(t.rows),
                     _cell(t.quarantined),
+                    _cell(t.late),
                     "ok" if t.healthy and not status.problems else "UNHEALTHY",
                 )
             )
@@ -322,8 +339,13 @@ def render(statuses: Sequence[ReplicaStatus], partitions: bool = False) -> str:
                     for p in t.partitions
                 )
             notes.extend(f"{status.replica}.{t.table}: {reason}" for reason in t.unhealthy)
+            if t.late:
+                notes.append(
+                    f"{status.replica}.{t.table}: {t.late} late changes seen (a lower seq written after a higher one "
+                    "for a key): a rebuild from a compacted topic may differ from this table; rebuild with --verify"
+                )
     widths = [max(len(row[i]) for row in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
-    numeric = {3, 6, 7, 8, 9}
+    numeric = {3, 6, 7, 8, 9, 10}
     lines = [
         "  ".join(
             cell.rjust(w) if i in numeric else cell.ljust(w)

@@ -25,6 +25,7 @@ from replica_lib.layout import fold
 from replica_lib.producer import ChangeProducer
 from replica_lib.progress import applied_offsets
 from replica_lib.rebuild import rebuild, rebuild_config
+from replica_lib.status import render, status_of
 from replica_lib.stream import run_replica
 from replica_lib.swap import swap
 from replica_lib.target import read_table, table_schema
@@ -44,7 +45,7 @@ from tests.integration.test_semantics import assert_matches_model, rows_by_key
 pytestmark = pytest.mark.integration
 
 
-def _live(tmp_path: Path, bootstrap: str, topic: str) -> tuple[str, ReplicaConfig]:
+def _live(tmp_path: Path, bootstrap: str, topic: str, metrics: bool = False) -> tuple[str, ReplicaConfig]:
     path = tmp_path / "live.toml"
     doc = replica_doc(
         "live",
@@ -53,6 +54,7 @@ def _live(tmp_path: Path, bootstrap: str, topic: str) -> tuple[str, ReplicaConfi
         {"orders": orders_table(topic)},
         source={"starting_offsets": "earliest", "max_offsets_per_trigger": 200},
         trigger={"available_now": True},
+        replica={"metrics": {"path": str(tmp_path / "live" / "_metrics")}} if metrics else {},
     )
     write_replica(path, doc)
     return str(path), load_replica(path)
@@ -275,7 +277,7 @@ def test_late_changes_are_counted_refused_by_the_producer_and_a_rebuild_from_the
     topic = f"late-{uuid.uuid4().hex[:8]}"
     extra = (("segment.ms", "100"), ("min.cleanable.dirty.ratio", "0.01"), ("min.compaction.lag.ms", "0"))
     TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=1, extra=extra), local=True)
-    conf, live = _live(tmp_path, connection["bootstrap.servers"], topic)
+    conf, live = _live(tmp_path, connection["bootstrap.servers"], topic, metrics=True)
 
     # The producer library refuses a late change; a primary that writes one anyway (allow) gets it counted.
     with ChangeProducer(connection) as producer:
@@ -287,6 +289,9 @@ def test_late_changes_are_counted_refused_by_the_producer_and_a_rebuild_from_the
         run_replica(spark, live, available_now=True)
     assert any("late changes" in r.getMessage() and "orders 1" in r.getMessage() for r in caplog.records)
     assert rows_by_key(spark, live)[1]["status"] == "paid"  # the replica keeps the higher seq
+    (status,) = status_of(spark, live).tables
+    assert status.late == 1
+    assert "live.orders: 1 late changes seen" in render([status_of(spark, live)])
 
     # Kafka's cleaner keeps the last record of each key: the late one. Closed segments are compacted within a
     # second; each filler record closes the segment before it (the active segment is never cleaned).
@@ -298,8 +303,13 @@ def test_late_changes_are_counted_refused_by_the_producer_and_a_rebuild_from_the
         filler += 1
     run_replica(spark, live, available_now=True)
 
-    # The rebuild from the compacted log keeps the late change; its verify against the live replica says so.
-    assert rebuild_main([conf, "--into", str(tmp_path / "rebuilt"), "--verify"]) == 1
+    # The rebuild's pre-flight names the late change the live replica counted; the rebuild from the compacted log
+    # keeps it, and its verify against the live replica says so.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="replica_lib.rebuild"):
+        assert rebuild_main([conf, "--into", str(tmp_path / "rebuilt"), "--verify"]) == 1
+    warning = f"topic {topic} has had late changes: replica live counted 1 on table orders"
+    assert any(warning in r.getMessage() for r in caplog.records)
     rebuilt = rebuild_config(live, str(tmp_path / "rebuilt"))
     assert rows_by_key(spark, rebuilt)[1]["status"] == "late"
     assert rows_by_key(spark, live)[1]["status"] == "paid"
@@ -317,3 +327,4 @@ def _first_offset(connection: dict[str, str], topic: str) -> int:
         return int(message.offset())
     finally:
         consumer.close()
+

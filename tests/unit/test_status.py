@@ -16,6 +16,7 @@ def _table(
     last_commit_s: float | None = NOW - 4,
     problems: tuple[str, ...] = (),
     thresholds: Thresholds | None = None,
+    late: int | None = 0,
 ) -> TableStatus:
     partitions = tuple(
         PartitionLag(p, applied, end, None if end is None else end - (applied or 0))  # nothing applied: from 0
@@ -31,6 +32,7 @@ def _table(
         batch_id=11,
         last_commit_s=last_commit_s,
         newest_event_s=NOW - 185,
+        late=late,
         problems=problems,
     )
     return judge(status, thresholds or Thresholds(), NOW)
@@ -99,11 +101,22 @@ def test_render_is_an_aligned_table_then_the_reasons() -> None:
     lines = render([healthy, behind]).splitlines()
 
     assert lines == [
-        "REPLICA   TABLE   TOPIC         LAG  EVENT AGE  LAST COMMIT  BATCH  VERSION  ROWS  QUAR.  STATUS",
-        "orders_a  orders  orders-topic    2  3m05s      4s ago          11       12  1000      3  ok",
-        "orders_b  orders  orders-topic    2  3m05s      4s ago          11       12  1000      3  UNHEALTHY",
+        "REPLICA   TABLE   TOPIC         LAG  EVENT AGE  LAST COMMIT  BATCH  VERSION  ROWS  QUAR.  LATE  STATUS",
+        "orders_a  orders  orders-topic    2  3m05s      4s ago          11       12  1000      3     0  ok",
+        "orders_b  orders  orders-topic    2  3m05s      4s ago          11       12  1000      3     0  UNHEALTHY",
         "orders_b.orders: 2 records behind, over 0",
     ]
+
+
+def test_late_changes_are_shown_and_noted_but_leave_a_table_healthy() -> None:
+    table = _table(late=4)
+
+    lines = render([_replica(table)]).splitlines()
+
+    assert table.healthy
+    assert lines[1].split()[-2:] == ["4", "ok"]
+    assert lines[2].startswith("orders_a.orders: 4 late changes seen (a lower seq written after a higher one")
+    assert json.loads(to_json([_replica(table)]))["replicas"][0]["tables"][0]["late_changes"] == 4
 
 
 def test_render_with_partitions_shows_each_partition() -> None:
@@ -120,7 +133,7 @@ def test_render_unknowns_as_dashes() -> None:
 
     row = render([_replica(table, problems=("cannot reach Kafka",))]).splitlines()[1]
 
-    assert row.split() == ["orders_a", "orders", "t", "-", "-", "-", "-", "-", "-", "-", "UNHEALTHY"]
+    assert row.split() == ["orders_a", "orders", "t", "-", "-", "-", "-", "-", "-", "-", "-", "UNHEALTHY"]
 
 
 def test_json_has_every_figure_with_times_in_utc() -> None:
@@ -157,6 +170,7 @@ def test_json_has_every_figure_with_times_in_utc() -> None:
             "since_commit_s": 4.0,
             "newest_event_at": "2023-11-14T22:10:15.000+00:00",
             "event_age_s": 185.0,
+            "late_changes": 0,
         }
     ]
     assert doc["replicas"][1]["lag_records"] == 5
