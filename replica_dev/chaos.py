@@ -199,14 +199,22 @@ class _Producer(threading.Thread):
 
 
 class _Launch:
-    """One run of ``spark-submit.sh jobs/materialize.py`` in its own process group, its output in a file."""
+    """One run of ``spark-submit.sh jobs/materialize.py`` (or ``job``) in its own process group, its output in a
+    file."""
 
-    def __init__(self, conf: Path, log: Path, crash_at: str | None, deletion_vectors: bool | None = None) -> None:
+    def __init__(
+        self,
+        conf: Path,
+        log: Path,
+        crash_at: str | None,
+        deletion_vectors: bool | None = None,
+        job: str = "jobs/materialize.py",
+        args: Sequence[str] = (),
+    ) -> None:
         env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
         if crash_at:
             env[CRASH_ENV] = crash_at
-        # Random kills hit the user's job itself; a crash window needs the dev job that carries the hook.
-        job = "jobs/dev/faulty_replica.py" if crash_at else "jobs/materialize.py"
+            job = "jobs/dev/faulty_replica.py"  # random kills hit the user's job; a window needs the dev job's hook
         spark_options = []
         if deletion_vectors is not None:
             spark_options = ["--conf", f"{MERGE_DELETION_VECTORS}={str(deletion_vectors).lower()}"]
@@ -214,7 +222,7 @@ class _Launch:
         self.started = time.monotonic()
         with log.open("w") as out:
             self.proc = subprocess.Popen(
-                [str(PROJECT_ROOT / "spark-submit.sh"), *spark_options, job, str(conf)],
+                [str(PROJECT_ROOT / "spark-submit.sh"), *spark_options, job, str(conf), *args],
                 cwd=PROJECT_ROOT,
                 env=env,
                 stdout=out,
@@ -518,3 +526,26 @@ def run_broker_outages(
             broker.start()
     return run.judge(spark)
 
+
+def kill_a_rebuild(conf: Path, into: Path, log: Path, seed: int, within_s: float, timeout_s: float = 300.0) -> float:
+    """Run ``jobs/rebuild.py conf --into into`` and SIGKILL it at a random moment (seeded) in the first
+    ``within_s`` seconds after it recorded its plan, as a lost machine would. Returns that moment.
+
+    Raises RuntimeError if the rebuild ended before the kill: ``within_s`` must be shorter than its work.
+    """
+    run = _Launch(conf, log, None, job="jobs/rebuild.py", args=("--into", str(into)))
+    deadline = time.monotonic() + timeout_s
+    while "the log up to" not in (log.read_text(errors="replace") if log.exists() else ""):
+        if run.proc.poll() is not None:
+            raise RuntimeError(f"the rebuild exited ({run.proc.returncode}) before its plan; see {log}")
+        if time.monotonic() > deadline:
+            run.kill()
+            raise RuntimeError(f"the rebuild recorded no plan within {timeout_s:.0f}s; see {log}")
+        time.sleep(0.1)
+    moment = random.Random(seed).uniform(0.0, within_s)
+    time.sleep(moment)  # the kill's moment, drawn at random: fault injection, not synchronisation
+    if run.proc.poll() is not None:
+        raise RuntimeError(f"the rebuild ended ({run.proc.returncode}) before its kill at {moment:.1f}s; see {log}")
+    run.kill()
+    logger.info("killed the rebuild %.1f s after its plan", moment)
+    return moment

@@ -17,12 +17,13 @@ from pyspark.sql import SparkSession
 from jobs.rebuild import main as rebuild_main
 from jobs.verify import main as verify_main
 from replica_dev import loadgen
+from replica_dev.chaos import kill_a_rebuild
 from replica_dev.conf import orders_table, replica_doc, write_replica
 from replica_lib.batch import BatchHooks
 from replica_lib.config import ReplicaConfig, Target, load_replica
 from replica_lib.errors import LateChangeError, RebuildError
 from replica_lib.layout import fold
-from replica_lib.producer import ChangeProducer
+from replica_lib.producer import ChangeProducer, ProducerSettings
 from replica_lib.progress import applied_offsets
 from replica_lib.rebuild import rebuild, rebuild_config
 from replica_lib.status import render, status_of
@@ -87,7 +88,9 @@ def test_a_rebuild_beside_the_live_replica_equals_it_and_verify_finds_a_planted_
     run_replica(spark, live, available_now=True)
     assert_matches_model(spark, live, log)
 
+    # A rebuild killed at a random moment of its work (SIGKILL, driver and JVM), then run again, finishes the same.
     into = tmp_path / "rebuilt"
+    kill_a_rebuild(Path(conf), into, tmp_path / "killed-rebuild.log", seed=11, within_s=4.0)
     assert rebuild_main([conf, "--into", str(into), "--verify"]) == 0
     out = capsys.readouterr().out
     assert "live.orders and rebuilt orders are equal" in out
@@ -328,3 +331,45 @@ def _first_offset(connection: dict[str, str], topic: str) -> int:
     finally:
         consumer.close()
 
+
+def test_a_compacted_transactional_topic_rebuilds_to_the_live_replica(
+    spark: SparkSession, connection: dict[str, str], tmp_path: Path
+) -> None:
+    # The log a rebuild meets in production: committed and aborted transactions (control records and aborted
+    # records between the offsets), Kafka tombstones and deletes, then the broker's cleaner removing superseded
+    # records (offset gaps). The rebuild must read past every gap and equal both the live replica and the model.
+    topic = f"compacted-tx-{uuid.uuid4().hex[:8]}"
+    extra = (("segment.ms", "100"), ("min.cleanable.dirty.ratio", "0.01"), ("min.compaction.lag.ms", "0"))
+    TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=1, extra=extra), local=True)
+    conf, live = _live(tmp_path, connection["bootstrap.servers"], topic)
+
+    changes = loadgen.generate(loadgen.Workload(keys=30, events=240, seed=23))
+    log = produce(connection, topic, changes[:120], transactional_id=f"tx-{topic}")
+    aborting = ChangeProducer(connection, ProducerSettings(transactional_id=f"tx-abort-{topic}"))
+    with pytest.raises(RuntimeError, match="the primary rolled back"), aborting, aborting.transaction():
+        for k in range(1, 6):
+            aborting.send(topic, upsert(k, 10**6, "aborted"))
+        aborting.flush()
+        raise RuntimeError("the primary rolled back")
+    log += produce(connection, topic, changes[120:], transactional_id=f"tx-{topic}")
+    log += produce(connection, topic, [tombstone(k) for k in range(6, 9)] + [delete(k, 10**6) for k in (9, 10)])
+    run_replica(spark, live, available_now=True)
+    assert_matches_model(spark, live, log)
+
+    deadline = time.monotonic() + 120
+    filler = 1000
+    while _first_offset(connection, topic) == 0:
+        assert time.monotonic() < deadline, "the log cleaner did not compact the topic in 120 s"
+        log += produce(connection, topic, [upsert(filler, 1, "filler")])
+        filler += 1
+    run_replica(spark, live, available_now=True)
+    assert_matches_model(spark, live, log)
+
+    into = tmp_path / "rebuilt"
+    assert rebuild_main([conf, "--into", str(into), "--verify"]) == 0
+    rebuilt = rebuild_config(live, str(into))
+    assert_matches_model(spark, rebuilt, log)
+    live_applied = applied_offsets(spark, live.table("orders").target)
+    rebuilt_applied = applied_offsets(spark, rebuilt.table("orders").target)
+    assert live_applied is not None and rebuilt_applied is not None
+    assert rebuilt_applied.offsets == live_applied.offsets
