@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import logging
 import random
 import time
@@ -42,30 +43,39 @@ def generate(workload: Workload) -> list[Change]:
     rng = random.Random(workload.seed)
     live: dict[int, dict[str, object]] = {}
     versions: dict[int, int] = {}
+    # The live and the deleted keys, each kept sorted as it changes: a choice among them costs no sort per event.
+    live_keys: list[int] = []
+    deleted: list[int] = []
     next_id = 1
     changes = []
     now_ms = 1_700_000_000_000
     for _ in range(workload.events):
         now_ms += rng.randint(1, 50)
         roll = rng.random()
-        deleted = [k for k in versions if k not in live]
         if live and roll < workload.delete_share:
-            op, order_id = "delete", rng.choice(sorted(live))
+            op, order_id = "delete", rng.choice(live_keys)
         elif live and roll < workload.delete_share + workload.update_share:
-            op, order_id = "update", rng.choice(sorted(live))
+            op, order_id = "update", rng.choice(live_keys)
         elif next_id <= workload.keys:
             op, order_id, next_id = "insert", next_id, next_id + 1
         elif deleted:
             op, order_id = "insert", rng.choice(deleted)  # the primary re-creates a deleted order
         else:
-            op, order_id = "update", rng.choice(sorted(live))
+            op, order_id = "update", rng.choice(live_keys)
         seq = versions.get(order_id, 0) + 1
         versions[order_id] = seq
         key = {"order_id": order_id}
         if op == "delete":
             live.pop(order_id)
+            live_keys.pop(bisect.bisect_left(live_keys, order_id))
+            bisect.insort(deleted, order_id)
             changes.append(Change(key=key, op="delete", seq=seq, ts_ms=now_ms, table=workload.table))
             continue
+        if order_id not in live:
+            bisect.insort(live_keys, order_id)
+            index = bisect.bisect_left(deleted, order_id)
+            if index < len(deleted) and deleted[index] == order_id:
+                deleted.pop(index)
         row = live.get(order_id) or {
             "order_id": order_id,
             "customer": rng.choice(CUSTOMERS),
