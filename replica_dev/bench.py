@@ -7,8 +7,8 @@ other, each with its own checkpoint and table, so the figures are comparable as 
 - **naive**: ``foreachBatch`` + one plain Delta MERGE per batch after a per-key dedup (Delta's documented
   upsert pattern: no version gating, no tombstones, no pruning);
 - **peer**: kafka2delta (PyPI), when it can run here (see :mod:`replica_dev.bench_peer`);
-- **ours**: the materializer (:func:`replica_lib.stream.start_replica`), and its rebuild path (the whole log
-  in one batch into empty tables);
+- **ours**: the materializer (:func:`replica_lib.stream.start_replica`), and its rebuild
+  (:func:`replica_lib.rebuild.rebuild`: the whole log in one batch into empty tables);
 - **ours-mor**: the materializer with the table's layout merge-on-read: each batch appends to a change log, and
   a fold every ``fold_every_batches`` batches merges it into the table (:mod:`replica_lib.layout`).
 
@@ -45,6 +45,7 @@ from replica_lib.config import COPY_ON_WRITE, MERGE_ON_READ, ReplicaConfig, Tabl
 from replica_lib.errors import ConfigError
 from replica_lib.layout import fold, read_state
 from replica_lib.producer import Change, ChangeProducer, ProducerSettings, encode_key, encode_value
+from replica_lib.rebuild import rebuild, rebuild_config
 from replica_lib.stream import start_replica
 from replica_lib.target import changes_target, ensure_replica_tables, read_table, table_schema
 from replica_lib.topics import TopicAdmin, TopicSpec
@@ -418,6 +419,21 @@ class Bench:
         )
         return run
 
+    def run_rebuild(self, topic: str, name: str) -> Run:
+        """Our rebuild of ``topic`` into empty tables, as ``jobs/rebuild.py`` runs it (a batch read up to the log's
+        end, one batch); wall time from the call (plan and pre-flight included) to its return."""
+        cfg = self.replica_config(name, topic, None, once=True)
+        root = str(self.workdir / name / "rebuilt")
+        self.stages[name] = []
+        started = time.monotonic()
+        stats = rebuild(self.spark, cfg, root, hooks=BatchHooks(after_batch=self.stages[name].append))
+        run = Run("ours", records=stats.records, seconds=time.monotonic() - started)
+        run.batches = [{"rows": stats.records, "seconds": stats.seconds}]
+        run.stages = stage_medians(self.stages[name])
+        self.configs[name] = rebuild_config(cfg, root)  # what check() reads: the rebuilt tables
+        logger.info("  %s: %d records in %.1fs (%.0f events/s)", name, run.records, run.seconds, run.events_per_s)
+        return run
+
     def check(self, contender: str, name: str, events: Sequence[Event]) -> dict[str, int] | None:
         """Compare a contender's table with the workload folded per key (key -> seq of the live row).
 
@@ -515,10 +531,12 @@ class Bench:
         expected = live_seqs(events)
         self.probe_key = next((e.key for e in reversed(events) if expected.get(e.key) == e.seq), None)
         if "ours" in plan.contenders:
-            logger.info("rebuild: the whole log in one batch, ceiling and ours")
+            logger.info(
+                "rebuild: the whole log in one batch, ceiling and ours (replica_lib.rebuild, as jobs/rebuild.py)"
+            )
             results["ceiling_bulk"] = self.run_once("ceiling", topics["native"], "rebuild-ceiling", None).summary()
             results["ceiling_bulk"]["check"] = None  # raw records appended: nothing to check
-            results["rebuild"] = self.run_once("ours", topics["native"], "rebuild-ours", None).summary()
+            results["rebuild"] = self.run_rebuild(topics["native"], "rebuild-ours").summary()
             results["rebuild"]["check"] = self.check("ours", "rebuild-ours", events)
         report["catch_up"] = results
 
