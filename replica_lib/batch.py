@@ -40,6 +40,7 @@ from replica_lib.merge import (
     compact_files,
     delta_table,
     merge_rows,
+    typed_conflicts,
 )
 from replica_lib.monitor import GroupOffsets
 from replica_lib.ordering import current_versions, latest_per_key, one_per_key, unapplied
@@ -47,6 +48,9 @@ from replica_lib.progress import Offsets, batch_end_offsets, checkpoint_generati
 from replica_lib.target import TableSchema, changes_target, read_table, tombstone_target, version_columns
 
 logger = logging.getLogger(__name__)
+
+#: How often a batch MERGEs a table when a concurrent commit (an operator's OPTIMIZE) keeps winning the race.
+MERGE_ATTEMPTS = 5
 
 #: The named points of a batch at which :attr:`BatchHooks.at` is called, in the order a batch passes them.
 HOOK_POINTS = ("before_batch", "after_quarantine", "after_tombstones", "after_commit", "after_compaction")
@@ -386,15 +390,38 @@ class BatchHandler:
                 if rows_empty:
                     applied = append_rows(table.target, winners.df, schema, commit)
                 else:
-                    applied = merge_rows(
-                        batch.spark, table.target, winners.df, schema, commit, winners.rows, winners.key_range
-                    )
+                    applied = self._merge(batch, table, schema, winners, commit)
         finally:
             if beside is not None:
                 futures.wait([beside])
         if beside is not None:
             beside.result()
         return applied
+
+    def _merge(
+        self, batch: _Batch, table: TableConfig, schema: TableSchema, winners: _Winners, commit: Commit
+    ) -> Applied:
+        """MERGE the winners, again on the table's new version when a concurrent commit won (an operator's OPTIMIZE
+        removed files the MERGE read): the MERGE did not commit, and its write is idempotent."""
+        attempt = 1
+        while True:
+            try:
+                with typed_conflicts():
+                    return merge_rows(
+                        batch.spark, table.target, winners.df, schema, commit, winners.rows, winners.key_range
+                    )
+            except ConcurrentCommitError as conflict:
+                if attempt >= MERGE_ATTEMPTS:
+                    raise
+                attempt += 1
+                logger.warning(
+                    "%s: a concurrent commit on %s won (%s); merging again on its new version (attempt %d of %d)",
+                    batch.stage.label,
+                    table.target.describe(),
+                    type(conflict).__name__,
+                    attempt,
+                    MERGE_ATTEMPTS,
+                )
 
     def _tombstones(
         self, batch: _Batch, table: TableConfig, schema: TableSchema, winners: _Winners, commit: Commit
