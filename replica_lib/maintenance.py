@@ -20,7 +20,8 @@ tombstone table is then bounded by the number of deleted keys, never by the numb
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -28,16 +29,25 @@ from functools import partial
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from replica_lib.config import ReplicaConfig, TableConfig
+from replica_lib.config import ReplicaConfig, TableConfig, Target
 from replica_lib.errors import (
     ConcurrentAppendError,
     ConcurrentDeleteDeleteError,
     ConcurrentDeleteReadError,
     MaintenanceError,
 )
-from replica_lib.merge import delete_matching, delete_where, typed_conflicts
+from replica_lib.merge import (
+    compact_files,
+    delete_matching,
+    delete_where,
+    delta_table,
+    file_count,
+    typed_conflicts,
+    vacuum_files,
+)
 from replica_lib.ordering import current_versions, newer
-from replica_lib.target import read_table, tombstone_target, version_columns
+from replica_lib.recovery import replica_running
+from replica_lib.target import changes_target, read_table, table_exists, tombstone_target, version_columns
 from replica_lib.topics import TopicAdmin
 
 logger = logging.getLogger(__name__)
@@ -156,3 +166,111 @@ def maintain(
         )
     purged = purge_tombstones(spark, cfg, admin, now)
     return {name: Tidied(superseded[name], purged[name]) for name in superseded}
+
+
+# ------------------------------------------------------------------------------------------------ files
+#: Delta's default time-travel window (``delta.deletedFileRetentionDuration``): a week.
+DEFAULT_TIME_TRAVEL_HOURS = 168.0
+#: While the replica (or a swap into it) runs, VACUUM keeps at least this much: a batch reads the version it
+#: started from, and a MERGE retried after a conflict reads a newer one, each for seconds to minutes.
+RUNNING_FLOOR_HOURS = 1.0
+
+_UNIT_HOURS = {"week": 168.0, "day": 24.0, "hour": 1.0, "minute": 1 / 60, "second": 1 / 3600, "millisecond": 1 / 3.6e6}
+_INTERVAL_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(week|day|hour|minute|second|millisecond)s?", re.IGNORECASE)
+
+
+def interval_hours(interval: str) -> float:
+    """Hours of a Delta interval property such as ``interval 1 week`` or ``interval 2 days 12 hours``."""
+    parts = _INTERVAL_PART.findall(interval)
+    if not parts or not interval.strip().lower().startswith("interval"):
+        raise ValueError(f"{interval!r} is not a Delta interval (e.g. 'interval 7 days')")
+    return sum(float(n) * _UNIT_HOURS[unit.lower()] for n, unit in parts)
+
+
+def vacuum_retention(target: str, requested: float | None, window_h: float, running: bool | None) -> float:
+    """The hours VACUUM may keep on ``target``: ``requested`` (default: the table's time-travel window).
+
+    Refused with the reason (:class:`MaintenanceError`) when shorter than the window, which readers time-travel
+    within, or, while the replica may be running (``running`` True or unknown), than :data:`RUNNING_FLOOR_HOURS`.
+    """
+    floor = max(window_h, RUNNING_FLOOR_HOURS if running is not False else 0.0)
+    retention = floor if requested is None else requested
+    if retention < window_h:
+        raise MaintenanceError(
+            f"{target}: a retention of {retention:g} h is shorter than the table's time-travel window "
+            f"(delta.deletedFileRetentionDuration, {window_h:g} h): VACUUM would delete files that readers of the "
+            f"versions inside it need; give --retain-hours {window_h:g} or more, or shorten the window first with "
+            f"ALTER TABLE {target} SET TBLPROPERTIES ('delta.deletedFileRetentionDuration' = 'interval N hours')"
+        )
+    if retention < floor:
+        state = "is running" if running else "may be running (its checkpoint is not on a local disk)"
+        raise MaintenanceError(
+            f"{target}: a retention of {retention:g} h is refused while the replica {state}: its batches read the "
+            f"version they started from; give --retain-hours {floor:g} or more, or stop the replica first"
+        )
+    return retention
+
+
+def time_travel_hours(spark: SparkSession, target: Target) -> float:
+    """A table's time-travel window: its ``delta.deletedFileRetentionDuration`` (a week by default)."""
+    properties = delta_table(spark, target).detail().select("properties").first()
+    value = None if properties is None else (properties[0] or {}).get("delta.deletedFileRetentionDuration")
+    return DEFAULT_TIME_TRAVEL_HOURS if value is None else interval_hours(str(value))
+
+
+@dataclass(frozen=True)
+class Files:
+    """What maintenance did to one table's files: packed by OPTIMIZE, deleted by VACUUM (None: not run)."""
+
+    target: str
+    files_before: int
+    files_after: int
+    vacuumed: int | None = None
+    retain_hours: float | None = None
+
+    def line(self) -> str:
+        vacuum = "" if self.retain_hours is None else f"; vacuum (keeping {self.retain_hours:g} h): "
+        if self.retain_hours is not None:
+            vacuum += "deleted files not counted" if self.vacuumed is None else f"{self.vacuumed} files deleted"
+        return f"{self.target}: {self.files_before} files, {self.files_after} after optimize{vacuum}"
+
+
+def replica_targets(cfg: ReplicaConfig) -> list[Target]:
+    """Every Delta table of a replica: each table with its retained deletes (and change log), then the
+    quarantine and the metrics table."""
+    targets = [t for table in cfg.tables for t in (table.target, tombstone_target(table))]
+    targets += [changes_target(table) for table in cfg.tables if table.merge_on_read]
+    return [*targets, cfg.quarantine, *([cfg.metrics] if cfg.metrics is not None else [])]
+
+
+def vacuum_plan(spark: SparkSession, cfg: ReplicaConfig, retain_hours: float | None = None) -> dict[str, float]:
+    """The retention VACUUM keeps on each existing table of the replica, every one checked by
+    :func:`vacuum_retention` (raises :class:`MaintenanceError` before anything is done)."""
+    running = replica_running(cfg)
+    return {
+        t.describe(): vacuum_retention(t.describe(), retain_hours, time_travel_hours(spark, t), running)
+        for t in replica_targets(cfg)
+        if table_exists(spark, t)
+    }
+
+
+def tidy_files(
+    spark: SparkSession, cfg: ReplicaConfig, optimize: bool = True, vacuum: Mapping[str, float] | None = None
+) -> list[Files]:
+    """OPTIMIZE (pack small files) and VACUUM (delete unreferenced files, keeping ``vacuum[table]`` hours, from
+    :func:`vacuum_plan`; None: no VACUUM) every table of the replica.
+
+    Safe beside the running replica: its MERGE runs again when an OPTIMIZE commit wins (``replica_lib.batch``),
+    and VACUUM keeps what :func:`vacuum_retention` allows.
+    """
+    done = []
+    for target in [t for t in replica_targets(cfg) if table_exists(spark, t)]:
+        before = file_count(spark, target)
+        if optimize:
+            compact_files(spark, target, cfg.compaction.small_file_mb << 20)
+        after = file_count(spark, target)
+        hours = None if vacuum is None else vacuum.get(target.describe())
+        deleted = None if hours is None else vacuum_files(spark, target, hours)
+        done.append(Files(target.describe(), before, after, deleted, hours))
+        logger.info("replica %s: %s", cfg.name, done[-1].line())
+    return done

@@ -409,6 +409,37 @@ def compact_files(spark: SparkSession, target: Target, small_file_bytes: int) ->
     return Compacted(0, 0) if row is None else Compacted(int(row[0] or 0), int(row[1] or 0))
 
 
+_RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
+_VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
+_LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+
+
+def vacuum_files(spark: SparkSession, target: Target, retain_hours: float) -> int | None:
+    """Delete the files of ``target`` that no version of the last ``retain_hours`` hours references (VACUUM).
+
+    The caller has checked the retention (:func:`replica_lib.maintenance.vacuum_retention`), so Delta's own check,
+    which refuses less than a week whatever the table's settings, is off for this call. Returns the files
+    deleted, from the ``VACUUM END`` commit that Delta logs with this session's settings (None if there is none).
+    """
+    confs = {_RETENTION_CHECK: "false", _VACUUM_LOGGING: "true"}
+    if spark.conf.get(_LISTING_PARALLELISM, None) is None:  # a setting of the user's own stands
+        # VACUUM lists the table's folders in this many tasks, by default 10,000: 15 s for an empty table on two
+        # cores. The cluster's cores list a table of any size as fast.
+        confs[_LISTING_PARALLELISM] = str(max(1, spark.sparkContext.defaultParallelism))
+    with _session_confs(spark, confs):
+        delta_table(spark, target).vacuum(retain_hours)
+    for row in delta_table(spark, target).history(2).select("operation", "operationMetrics").collect():
+        if row["operation"] == "VACUUM END":
+            return int((row["operationMetrics"] or {}).get("numDeletedFiles", 0))
+    return None
+
+
+def file_count(spark: SparkSession, target: Target) -> int:
+    """How many data files the table's latest version has."""
+    (row,) = delta_table(spark, target).detail().select("numFiles").collect()
+    return int(row[0])
+
+
 def delete_matching(spark: SparkSession, target: Target, rows_df: DataFrame, columns: tuple[str, ...]) -> int:
     """Delete the rows of ``target`` equal to a row of ``rows_df`` on ``columns``; returns how many were deleted."""
     on = _on_keys(columns)

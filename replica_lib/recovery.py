@@ -83,6 +83,27 @@ def lock_checkpoint(cfg: ReplicaConfig) -> None:
     _held_locks[cfg.checkpoint] = fd
 
 
+def replica_running(cfg: ReplicaConfig) -> bool | None:
+    """Whether the replica (or a swap into it) runs now, by its checkpoint lock; None where that cannot be told
+    (a checkpoint on other storage than a local disk)."""
+    if not checkpoint_is_local(cfg):
+        return None
+    if cfg.checkpoint in _held_locks:
+        return True  # this very process runs it
+    parsed = urlparse(cfg.checkpoint)
+    path = os.path.join(parsed.path if parsed.scheme else cfg.checkpoint, LOCK_FILE)
+    if not os.path.exists(path):
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock this probe took
+    return False
+
+
 def checkpoint_is_local(cfg: ReplicaConfig) -> bool:
     """Whether the checkpoint is on a local disk, where :func:`lock_checkpoint` can tell a running replica."""
     return urlparse(cfg.checkpoint).scheme in ("", "file")

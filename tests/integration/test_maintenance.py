@@ -1,4 +1,4 @@
-"""Maintenance beside the running replica, on a real broker, Spark and Delta."""
+"""Maintenance of a replica's files (OPTIMIZE, VACUUM) beside the running replica, on a real broker, Spark and Delta."""
 
 from __future__ import annotations
 
@@ -9,10 +9,16 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from replica_dev.conf import orders_table
+from jobs.maintain import main as maintain_main
+from replica_dev.conf import orders_table, replica_doc, write_replica
+from replica_dev.model import LoggedChange
 from replica_lib import batch
+from replica_lib.config import load_replica
 from replica_lib.errors import ConcurrentDeleteReadError
-from replica_lib.merge import compact_files
+from replica_lib.maintenance import replica_targets
+from replica_lib.merge import compact_files, file_count
+from replica_lib.recovery import release_checkpoint
+from replica_lib.stream import start_replica
 from tests.integration.support import delete, produce, replica_config, run_available_now, upsert
 from tests.integration.test_semantics import assert_matches_model
 
@@ -51,3 +57,65 @@ def test_a_merge_that_loses_to_a_concurrent_optimize_runs_again_on_the_new_versi
     assert any("merging again on its new version (attempt 2 of 5)" in r.getMessage() for r in caplog.records)
     assert_matches_model(spark, cfg, log)
 
+
+def _data_files(path: str) -> int:
+    return sum(1 for f in Path(path).glob("*.parquet"))  # the log's own checkpoints are in _delta_log
+
+
+def test_optimize_and_vacuum_beside_the_running_replica_keep_it_exact_and_reduce_its_files(
+    spark: SparkSession,
+    connection: dict[str, str],
+    topic_factory: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    topic = topic_factory(partitions=2)
+    conf = tmp_path / "beside.toml"
+    doc = replica_doc(
+        "beside",
+        tmp_path / "beside",
+        connection["bootstrap.servers"],
+        {"orders": orders_table(topic)},
+        source={"starting_offsets": "earliest", "max_offsets_per_trigger": 40},
+        trigger={"interval": "0 seconds"},
+        compaction={"every_batches": 0},  # the replica packs nothing itself: its small files pile up
+    )
+    write_replica(conf, doc)
+    cfg = load_replica(conf)
+    target = cfg.table("orders").target
+    log: list[LoggedChange] = []
+    query = start_replica(spark, cfg)
+    try:
+        for seq in range(1, 6):  # deletes at seq 3, upserts after it
+            log += produce(
+                connection, topic, [delete(k, seq) if seq % 3 == 0 else upsert(k, seq, f"s{seq}") for k in range(60)]
+            )
+            query.processAllAvailable()
+            if seq == 3:  # a retention the running replica might need is refused before anything is done
+                files = file_count(spark, target)
+                assert maintain_main([str(conf), "--retain-hours", "0"]) == 2
+                assert "a retention of 0 h is shorter than the table's time-travel window" in capsys.readouterr().err
+                assert file_count(spark, target) == files
+            if seq == 4:  # OPTIMIZE and VACUUM (keeping the time-travel window) while the replica runs
+                files = file_count(spark, target)
+                assert files > 1
+                assert maintain_main([str(conf)]) == 0
+                out = capsys.readouterr().out
+                assert f"beside: {target.describe()}: {files} files, 1 after optimize; vacuum (keeping 168 h)" in out
+        query.processAllAvailable()
+        assert query.exception() is None
+    finally:
+        query.stop()
+    assert_matches_model(spark, cfg, log)
+
+    # With the replica stopped and every table's time-travel window shortened to nothing, VACUUM deletes every file
+    # no current version references; the state is unchanged.
+    release_checkpoint(cfg)
+    window = "'delta.deletedFileRetentionDuration' = 'interval 0 hours'"
+    for each in replica_targets(cfg):
+        spark.sql(f"ALTER TABLE {each.describe()} SET TBLPROPERTIES ({window})")
+    on_disk = _data_files(str(target.path))
+    assert maintain_main([str(conf), "--retain-hours", "0"]) == 0
+    assert "vacuum (keeping 0 h):" in capsys.readouterr().out
+    assert _data_files(str(target.path)) == file_count(spark, target) < on_disk
+    assert_matches_model(spark, cfg, log)
