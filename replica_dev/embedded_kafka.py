@@ -239,8 +239,11 @@ class EmbeddedKafka:
         heap: str = "512m",
         properties: Mapping[str, str] | None = None,
         sasl_users: Mapping[str, str] | None = None,
+        cluster_id: str | None = None,
+        controller_port: int | None = None,
     ) -> None:
         self.data_dir = data_dir.resolve()
+        self.cluster_id = cluster_id  # a node of a cluster shares its cluster's; None: a new one when formatting
         self.state_dir = state_dir
         self.java_home = java_home
         self.requested_port = port
@@ -257,7 +260,7 @@ class EmbeddedKafka:
         self._internal = (_INTERNAL_USER, uuid.uuid4().hex)  # the broker's own user, for inter-broker requests
         self._proc: subprocess.Popen[bytes] | None = None
         self.port = 0
-        self.controller_port = 0
+        self.controller_port = controller_port or 0
 
     # ----------------------------------------------------------------- life cycle
     @property
@@ -290,8 +293,12 @@ class EmbeddedKafka:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
-    def start(self, detach: bool = False) -> EmbeddedKafka:
-        """Start the broker and wait until it answers; raises :class:`BrokerError` within the timeout."""
+    def start(self, detach: bool = False, wait: bool = True) -> EmbeddedKafka:
+        """Start the broker and wait until it answers; raises :class:`BrokerError` within the timeout.
+
+        ``wait`` False returns once the process runs: a node of a cluster answers only when a quorum of its
+        controllers runs, so :class:`KafkaCluster` starts them all before it waits (:meth:`wait_ready`).
+        """
         clean_orphans()
         for other in find_brokers():
             if other.data_dir == self.data_dir:
@@ -329,6 +336,13 @@ class EmbeddedKafka:
         )
         out.close()
         self._write_state(detach)
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self) -> None:
+        """Wait until the started broker answers; kills it and raises :class:`BrokerError` if it does not."""
+        assert self._proc is not None
         try:
             self._wait_ready()
         except BaseException:
@@ -340,7 +354,6 @@ class EmbeddedKafka:
             self.bootstrap_servers,
             self._proc.pid,
         )
-        return self
 
     def _choose_ports(self) -> None:
         state = self.read_state(self.data_dir)
@@ -368,7 +381,7 @@ class EmbeddedKafka:
             "kafka.tools.StorageTool",
             "format",
             "-t",
-            new_cluster_id(),
+            self.cluster_id or new_cluster_id(),
             "-c",
             str(props),
         ]
@@ -527,3 +540,94 @@ __all__ = [
     "running_broker",
     "stop_detached",
 ]
+
+
+class KafkaCluster:
+    """``nodes`` KRaft nodes on loopback, each a broker and a controller of one quorum, for durability tests.
+
+    Internal topics are replicated to every node; topics default to replication factor 3 and
+    ``min.insync.replicas`` 2 (the settings the design asks of production), and unclean leader election is off.
+    Node ids are 1..``nodes``; each node keeps its ports across :meth:`EmbeddedKafka.kill` and ``start``.
+    """
+
+    def __init__(
+        self, data_dir: Path, state_dir: Path, nodes: int = 3, java_home: str | None = None, heap: str = "384m"
+    ) -> None:
+        if nodes < 3:
+            raise BrokerError("a cluster needs at least 3 nodes (a quorum that survives one loss)")
+        ports = [(free_port(), free_port()) for _ in range(nodes)]
+        voters = ",".join(f"{i}@127.0.0.1:{controller}" for i, (_, controller) in enumerate(ports, start=1))
+        cluster_id = new_cluster_id()
+        replicated = {
+            "controller.quorum.voters": voters,
+            "offsets.topic.replication.factor": "3",
+            "transaction.state.log.replication.factor": "3",
+            "transaction.state.log.min.isr": "2",
+            "share.coordinator.state.topic.replication.factor": "3",
+            "share.coordinator.state.topic.min.isr": "2",
+            "default.replication.factor": "3",
+            "min.insync.replicas": "2",
+            "unclean.leader.election.enable": "false",
+            # A dead node is fenced (and its partitions led by others) after 4 s without a heartbeat, not 9.
+            "broker.session.timeout.ms": "4000",
+            "broker.heartbeat.interval.ms": "1000",
+        }
+        self.nodes = [
+            EmbeddedKafka(
+                data_dir / f"node{i}",
+                state_dir,
+                java_home=java_home,
+                port=port,
+                heap=heap,
+                properties={**replicated, "node.id": str(i)},
+                cluster_id=cluster_id,
+                controller_port=controller,
+            )
+            for i, (port, controller) in enumerate(ports, start=1)
+        ]
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(node.bootstrap_servers for node in self.nodes)
+
+    def node(self, node_id: int) -> EmbeddedKafka:
+        return self.nodes[node_id - 1]
+
+    def start(self) -> KafkaCluster:
+        """Start every node, then wait until each answers."""
+        try:
+            for node in self.nodes:
+                node.start(wait=False)
+            for node in self.nodes:
+                node.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def leader(self, topic: str, partition: int, timeout_s: float = 30.0) -> int:
+        """The node id leading ``partition`` of ``topic`` (asked of any node that answers)."""
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            live = ",".join(n.bootstrap_servers for n in self.nodes if n.pid is not None)
+            metadata = AdminClient({"bootstrap.servers": live}).list_topics(topic, timeout=10)
+            leader = metadata.topics[topic].partitions[partition].leader
+            if leader > 0:
+                return int(leader)
+            time.sleep(0.2)  # polling the cluster's metadata until it names a leader
+        raise BrokerError(f"no leader for {topic} partition {partition} within {timeout_s:.0f}s")
+
+    def stop(self) -> None:
+        """Stop every node; one that cannot shut down cleanly (its quorum lost) is killed after 10 s."""
+        for node in self.nodes:
+            node.stop(timeout_s=10.0)
+
+    def __enter__(self) -> KafkaCluster:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
