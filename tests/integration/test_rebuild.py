@@ -19,6 +19,7 @@ from jobs.verify import main as verify_main
 from replica_dev import loadgen
 from replica_dev.chaos import kill_a_rebuild
 from replica_dev.conf import orders_table, replica_doc, write_replica
+from replica_dev.model import LoggedChange
 from replica_lib.batch import BatchHooks
 from replica_lib.config import ReplicaConfig, Target, load_replica
 from replica_lib.errors import LateChangeError, RebuildError
@@ -61,6 +62,19 @@ def _live(tmp_path: Path, bootstrap: str, topic: str, metrics: bool = False) -> 
     return str(path), load_replica(path)
 
 
+def _assert_rebuilt_like_live(
+    spark: SparkSession, live: ReplicaConfig, into: Path, log: list[LoggedChange]
+) -> ReplicaConfig:
+    """The rebuild into ``into`` equals the model of ``log`` and records the offsets the live replica applied."""
+    rebuilt = rebuild_config(live, str(into))
+    assert_matches_model(spark, rebuilt, log)
+    live_offsets = applied_offsets(spark, live.table("orders").target)
+    rebuilt_offsets = applied_offsets(spark, rebuilt.table("orders").target)
+    assert live_offsets is not None and rebuilt_offsets is not None
+    assert rebuilt_offsets.offsets == live_offsets.offsets
+    return rebuilt
+
+
 def _version(spark: SparkSession, target: Target) -> int:
     return int(DeltaTable.forPath(spark, str(target.path)).history(1).first()["version"])
 
@@ -94,12 +108,7 @@ def test_a_rebuild_beside_the_live_replica_equals_it_and_verify_finds_a_planted_
     assert rebuild_main([conf, "--into", str(into), "--verify"]) == 0
     out = capsys.readouterr().out
     assert "live.orders and rebuilt orders are equal" in out
-    rebuilt = rebuild_config(live, str(into))
-    assert_matches_model(spark, rebuilt, log)
-    live_offsets = applied_offsets(spark, live.table("orders").target)
-    rebuilt_offsets = applied_offsets(spark, rebuilt.table("orders").target)
-    assert live_offsets is not None and rebuilt_offsets is not None
-    assert rebuilt_offsets.offsets == live_offsets.offsets
+    rebuilt = _assert_rebuilt_like_live(spark, live, into, log)
     (bad,) = read_table(spark, rebuilt.quarantine).select("partition", "offset").collect()
     assert (bad["partition"], bad["offset"]) == (0, garbage)
 
@@ -367,9 +376,4 @@ def test_a_compacted_transactional_topic_rebuilds_to_the_live_replica(
 
     into = tmp_path / "rebuilt"
     assert rebuild_main([conf, "--into", str(into), "--verify"]) == 0
-    rebuilt = rebuild_config(live, str(into))
-    assert_matches_model(spark, rebuilt, log)
-    live_applied = applied_offsets(spark, live.table("orders").target)
-    rebuilt_applied = applied_offsets(spark, rebuilt.table("orders").target)
-    assert live_applied is not None and rebuilt_applied is not None
-    assert rebuilt_applied.offsets == live_applied.offsets
+    _assert_rebuilt_like_live(spark, live, into, log)
