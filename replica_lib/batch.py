@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
 
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.util import inheritable_thread_target
@@ -48,6 +50,11 @@ from replica_lib.progress import Offsets, batch_end_offsets, checkpoint_generati
 from replica_lib.target import TableSchema, changes_target, read_table, tombstone_target, version_columns
 
 logger = logging.getLogger(__name__)
+
+#: How often a batch runs when executors holding its materialized rows keep being lost.
+BATCH_ATTEMPTS = 3
+#: Spark's error condition for a local checkpoint's block lost with its executor.
+_LOST_CHECKPOINT_BLOCK = "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
 
 #: How often a batch MERGEs a table when a concurrent commit (an operator's OPTIMIZE) keeps winning the race.
 MERGE_ATTEMPTS = 5
@@ -205,6 +212,32 @@ class BatchHandler:
         return self._run(batch_df, batch_id, offsets)
 
     def _run(self, batch_df: DataFrame, batch_id: int, offsets: Offsets) -> BatchStats:
+        """Run the batch; again from its records if an executor holding its materialized rows was lost.
+
+        The stages materialize their rows on the executors (local checkpoints: no second read of the log, and
+        a plan that stays short), and so do the retained deletes kept between batches; an executor lost with
+        them fails the batch, which a new attempt with the same batch id repeats exactly as a restart would (the
+        retained deletes read again from their table, every write idempotent), on the executors left.
+        """
+        attempt = 1
+        while True:
+            try:
+                return self._run_once(batch_df, batch_id, offsets)
+            except (Py4JJavaError, PySparkException) as exc:
+                if attempt >= BATCH_ATTEMPTS or not _lost_materialized_rows(exc):
+                    raise
+                attempt += 1
+                self._retained = _Retained()  # its rows were materialized on the executors too: read them again
+                logger.warning(
+                    "replica %s batch %d: an executor holding the batch's materialized rows was lost; running the "
+                    "batch again from its records (attempt %d of %d)",
+                    self.cfg.name,
+                    batch_id,
+                    attempt,
+                    BATCH_ATTEMPTS,
+                )
+
+    def _run_once(self, batch_df: DataFrame, batch_id: int, offsets: Offsets) -> BatchStats:
         batch = self._begin(batch_df, batch_id, offsets)
         self._at("before_batch", batch)
         decoded = self._decode(batch, batch_df)
@@ -703,3 +736,25 @@ def _winners(
     else:
         winners_df = latest_per_key(valid_df, keys, current_versions(keys, *states))
     return _Winners(winners_df.localCheckpoint(), rows, summary.deletes, key_range)
+
+
+def _lost_materialized_rows(exc: BaseException) -> bool:
+    """Whether ``exc`` (or a JVM exception it holds, or their causes) is Spark's error for a local checkpoint's
+    block lost with its executor, by its error condition."""
+    from py4j.java_gateway import is_instance_of
+    from pyspark import SparkContext
+    from pyspark.errors.exceptions.captured import CapturedException
+
+    if isinstance(exc, PySparkException) and exc.getCondition() == _LOST_CHECKPOINT_BLOCK:
+        return True
+    cause = exc.java_exception if isinstance(exc, Py4JJavaError) else None
+    if isinstance(exc, CapturedException):
+        cause = getattr(exc, "_origin", None)
+    gateway = SparkContext._gateway
+    while cause is not None and gateway is not None:
+        if is_instance_of(gateway, cause, "org.apache.spark.SparkThrowable") and cause.getCondition() == (
+            _LOST_CHECKPOINT_BLOCK
+        ):
+            return True
+        cause = cause.getCause()
+    return False
