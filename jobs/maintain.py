@@ -33,6 +33,12 @@ def main(argv: list[str]) -> int:
         "delta.deletedFileRetentionDuration, a week unless set); a shorter one is refused with the reason",
     )
     parser.add_argument("--no-optimize", action="store_true", help="do not pack small files")
+    parser.add_argument(
+        "--zorder",
+        action="store_true",
+        help="rewrite each replica table's files ordered by its keys (OPTIMIZE ZORDER BY; every file, each run), "
+        "so lookups and MERGEs by key read few files",
+    )
     parser.add_argument("--no-vacuum", action="store_true", help="do not delete unreferenced files")
     args = parser.parse_args(argv)
     if args.retain_hours is not None and args.retain_hours < 0:
@@ -58,8 +64,8 @@ def main(argv: list[str]) -> int:
             print(
                 f"{cfg.name}.{table}: dropped {done.superseded} superseded and {done.purged} expired retained deletes"
             )
-        if not (args.no_optimize and args.no_vacuum):
-            for files in tidy_files(spark, cfg, not args.no_optimize, vacuum):
+        if not (args.no_optimize and args.no_vacuum and not args.zorder):
+            for files in tidy_files(spark, cfg, not args.no_optimize, vacuum, args.zorder):
                 print(f"{cfg.name}: {files.line()}")
         return 0
 

@@ -44,6 +44,7 @@ from replica_lib.merge import (
     file_count,
     typed_conflicts,
     vacuum_files,
+    zorder_files,
 )
 from replica_lib.ordering import current_versions, newer
 from replica_lib.recovery import replica_running
@@ -227,12 +228,14 @@ class Files:
     files_after: int
     vacuumed: int | None = None
     retain_hours: float | None = None
+    zorder: tuple[str, ...] = ()  # the columns its files were z-ordered by; empty: packed
 
     def line(self) -> str:
         vacuum = "" if self.retain_hours is None else f"; vacuum (keeping {self.retain_hours:g} h): "
         if self.retain_hours is not None:
             vacuum += "deleted files not counted" if self.vacuumed is None else f"{self.vacuumed} files deleted"
-        return f"{self.target}: {self.files_before} files, {self.files_after} after optimize{vacuum}"
+        how = f"z-ordered by {', '.join(self.zorder)}" if self.zorder else "optimize"
+        return f"{self.target}: {self.files_before} files, {self.files_after} after {how}{vacuum}"
 
 
 def replica_targets(cfg: ReplicaConfig) -> list[Target]:
@@ -255,22 +258,33 @@ def vacuum_plan(spark: SparkSession, cfg: ReplicaConfig, retain_hours: float | N
 
 
 def tidy_files(
-    spark: SparkSession, cfg: ReplicaConfig, optimize: bool = True, vacuum: Mapping[str, float] | None = None
+    spark: SparkSession,
+    cfg: ReplicaConfig,
+    optimize: bool = True,
+    vacuum: Mapping[str, float] | None = None,
+    zorder: bool = False,
 ) -> list[Files]:
     """OPTIMIZE (pack small files) and VACUUM (delete unreferenced files, keeping ``vacuum[table]`` hours, from
     :func:`vacuum_plan`; None: no VACUUM) every table of the replica.
+
+    ``zorder``: rewrite each replica table's files ordered by its keys instead of packing them (every file, each
+    time), so that a lookup or a batch's MERGE by key reads few files; the other tables are packed.
 
     Safe beside the running replica: its MERGE runs again when an OPTIMIZE commit wins (``replica_lib.batch``),
     and VACUUM keeps what :func:`vacuum_retention` allows.
     """
     done = []
+    keys = {table.target.describe(): table.keys for table in cfg.tables} if zorder else {}
     for target in [t for t in replica_targets(cfg) if table_exists(spark, t)]:
         before = file_count(spark, target)
-        if optimize:
+        by = keys.get(target.describe(), ())
+        if by:
+            zorder_files(spark, target, by)
+        elif optimize:
             compact_files(spark, target, cfg.compaction.small_file_mb << 20)
         after = file_count(spark, target)
         hours = None if vacuum is None else vacuum.get(target.describe())
         deleted = None if hours is None else vacuum_files(spark, target, hours)
-        done.append(Files(target.describe(), before, after, deleted, hours))
+        done.append(Files(target.describe(), before, after, deleted, hours, by))
         logger.info("replica %s: %s", cfg.name, done[-1].line())
     return done

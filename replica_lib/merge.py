@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -394,13 +394,30 @@ def compact_files(spark: SparkSession, target: Target, small_file_bytes: int) ->
     deleting retained deletes, an operator's OPTIMIZE): the next compaction packs these files too.
     """
     confs = {_OPTIMIZE_MIN_FILE_SIZE: str(small_file_bytes), _OPTIMIZE_MAX_FILE_SIZE: str(COMPACTED_FILE_BYTES)}
+    return _optimize(spark, target, confs, lambda optimize: optimize.executeCompaction(), "compacting")
+
+
+def zorder_files(spark: SparkSession, target: Target, columns: Sequence[str]) -> Compacted | None:
+    """Rewrite every file of a table, its rows ordered along ``columns`` (Delta OPTIMIZE ZORDER BY), in files of
+    up to 128 MB: each file then holds a narrow range of keys, so a lookup or a MERGE by key skips the others.
+
+    Like :func:`compact_files`, a commit that changes no row; None, after a warning, when a concurrent commit won.
+    """
+    confs = {_OPTIMIZE_MAX_FILE_SIZE: str(COMPACTED_FILE_BYTES)}
+    return _optimize(spark, target, confs, lambda optimize: optimize.executeZOrderBy(*columns), "z-ordering")
+
+
+def _optimize(
+    spark: SparkSession, target: Target, confs: Mapping[str, str], run: Callable[[Any], DataFrame], what: str
+) -> Compacted | None:
     try:
         with _session_confs(spark, confs), typed_conflicts():
-            metrics = delta_table(spark, target).optimize().executeCompaction()
+            metrics = run(delta_table(spark, target).optimize())
             row = metrics.select("metrics.numFilesRemoved", "metrics.numFilesAdded").first()
     except ConcurrentCommitError as conflict:
         logger.warning(
-            "compacting %s: a concurrent commit won, packed at the next compaction (%s: %s)",
+            "%s %s: a concurrent commit won, packed at the next compaction (%s: %s)",
+            what,
             target.describe(),
             type(conflict).__name__,
             conflict,

@@ -96,12 +96,13 @@ def test_optimize_and_vacuum_beside_the_running_replica_keep_it_exact_and_reduce
                 assert maintain_main([str(conf), "--retain-hours", "0"]) == 2
                 assert "a retention of 0 h is shorter than the table's time-travel window" in capsys.readouterr().err
                 assert file_count(spark, target) == files
-            if seq == 4:  # OPTIMIZE and VACUUM (keeping the time-travel window) while the replica runs
+            if seq == 4:  # OPTIMIZE (z-ordered by key) and VACUUM (the time-travel window) while the replica runs
                 files = file_count(spark, target)
                 assert files > 1
-                assert maintain_main([str(conf)]) == 0
+                assert maintain_main([str(conf), "--zorder"]) == 0
                 out = capsys.readouterr().out
-                assert f"beside: {target.describe()}: {files} files, 1 after optimize; vacuum (keeping 168 h)" in out
+                packed = f"{files} files, 1 after z-ordered by order_id; vacuum (keeping 168 h)"
+                assert f"beside: {target.describe()}: {packed}" in out
         query.processAllAvailable()
         assert query.exception() is None
     finally:
@@ -116,6 +117,6 @@ def test_optimize_and_vacuum_beside_the_running_replica_keep_it_exact_and_reduce
         spark.sql(f"ALTER TABLE {each.describe()} SET TBLPROPERTIES ({window})")
     on_disk = _data_files(str(target.path))
     assert maintain_main([str(conf), "--retain-hours", "0"]) == 0
-    assert "vacuum (keeping 0 h):" in capsys.readouterr().out
+    assert "1 after optimize; vacuum (keeping 0 h):" in capsys.readouterr().out
     assert _data_files(str(target.path)) == file_count(spark, target) < on_disk
     assert_matches_model(spark, cfg, log)
