@@ -198,9 +198,9 @@ class _Producer(threading.Thread):
             self.error = exc
 
 
-class _Launch:
-    """One run of ``spark-submit.sh jobs/materialize.py`` (or ``job``) in its own process group, its output in a
-    file."""
+class Launch:
+    """One run of ``spark-submit.sh [spark_options] jobs/materialize.py`` (or ``job``) in its own process group, its
+    output in a file."""
 
     def __init__(
         self,
@@ -210,15 +210,16 @@ class _Launch:
         deletion_vectors: bool | None = None,
         job: str = "jobs/materialize.py",
         args: Sequence[str] = (),
+        spark_options: Sequence[str] = (),
     ) -> None:
         env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
         if crash_at:
             env[CRASH_ENV] = crash_at
             job = "jobs/dev/faulty_replica.py"  # random kills hit the user's job; a window needs the dev job's hook
-        spark_options = []
+        spark_options = list(spark_options)
         if deletion_vectors is not None:
-            spark_options = ["--conf", f"{MERGE_DELETION_VECTORS}={str(deletion_vectors).lower()}"]
-        self.log = log
+            spark_options += ["--conf", f"{MERGE_DELETION_VECTORS}={str(deletion_vectors).lower()}"]
+        self.log, self.job = log, job
         self.started = time.monotonic()
         with log.open("w") as out:
             self.proc = subprocess.Popen(
@@ -245,16 +246,16 @@ class _Launch:
             if self.applied_batches():
                 return time.monotonic() - self.started
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the materializer exited ({self.proc.returncode}) early; see {self.log}")
+                raise RuntimeError(f"{self.job} exited ({self.proc.returncode}) early; see {self.log}")
             time.sleep(0.2)
-        raise RuntimeError(f"the materializer applied no batch within {timeout_s:.0f}s; see {self.log}")
+        raise RuntimeError(f"{self.job} applied no batch within {timeout_s:.0f}s; see {self.log}")
 
     def wait_exit(self, timeout_s: float) -> int:
         try:
             return self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired as exc:
             self.kill()
-            raise RuntimeError(f"the materializer did not exit within {timeout_s:.0f}s; see {self.log}") from exc
+            raise RuntimeError(f"{self.job} did not exit within {timeout_s:.0f}s; see {self.log}") from exc
 
     def kill(self) -> None:
         """SIGKILL the driver and its JVM at once, as a lost machine would."""
@@ -287,11 +288,11 @@ class _Scenario:
         self.report = ChaosReport(keys=plan.keys)
         self.producer = _Producer(connection, topics, plan)
         self.producer.start()
-        self.launches: list[_Launch] = []
+        self.launches: list[Launch] = []
 
-    def launch(self, crash_at: str | None = None) -> _Launch:
+    def launch(self, crash_at: str | None = None) -> Launch:
         log = self.workdir / f"launch-{len(self.launches) + 1:03d}.log"
-        self.launches.append(_Launch(self.conf, log, crash_at, self.plan.deletion_vectors))
+        self.launches.append(Launch(self.conf, log, crash_at, self.plan.deletion_vectors))
         return self.launches[-1]
 
     def stop_primary(self) -> None:
@@ -300,7 +301,7 @@ class _Scenario:
         if self.producer.error is not None:
             raise RuntimeError(f"the producer failed: {self.producer.error}") from self.producer.error
 
-    def drain_and_stop(self, spark: SparkSession, run: _Launch) -> None:
+    def drain_and_stop(self, spark: SparkSession, run: Launch) -> None:
         """Let ``run`` apply the whole log, then stop it with SIGTERM, which must end it cleanly."""
         _wait_caught_up(spark, self.conf, self.producer.logged, 3 * self.plan.launch_timeout_s)
         run.proc.send_signal(signal.SIGTERM)
@@ -353,7 +354,7 @@ def run_chaos(spark: SparkSession, plan: ChaosPlan, workdir: Path, bootstrap_ser
     return run.judge(spark)
 
 
-def _refuse_second_instance(run: _Scenario, first: _Launch) -> None:
+def _refuse_second_instance(run: _Scenario, first: Launch) -> None:
     """A second instance of the running ``first`` must fail at once and clearly, and leave ``first`` running."""
     second = run.launch()
     code = second.wait_exit(run.plan.launch_timeout_s)
@@ -533,7 +534,7 @@ def kill_a_rebuild(conf: Path, into: Path, log: Path, seed: int, within_s: float
 
     Raises RuntimeError if the rebuild ended before the kill: ``within_s`` must be shorter than its work.
     """
-    run = _Launch(conf, log, None, job="jobs/rebuild.py", args=("--into", str(into)))
+    run = Launch(conf, log, None, job="jobs/rebuild.py", args=("--into", str(into)))
     deadline = time.monotonic() + timeout_s
     while "the log up to" not in (log.read_text(errors="replace") if log.exists() else ""):
         if run.proc.poll() is not None:

@@ -47,7 +47,14 @@ from replica_lib.merge import (
 from replica_lib.monitor import GroupOffsets
 from replica_lib.ordering import current_versions, latest_per_key, one_per_key, unapplied
 from replica_lib.progress import Offsets, batch_end_offsets, checkpoint_generation, offsets_json
-from replica_lib.target import TableSchema, changes_target, read_table, tombstone_target, version_columns
+from replica_lib.target import (
+    TableSchema,
+    changes_target,
+    read_table,
+    replica_targets,
+    tombstone_target,
+    version_columns,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -474,10 +481,8 @@ class BatchHandler:
         if not every or (batch.batch_id + 1) % every:
             return
         with batch.stage("compact"):
-            targets = [t for table in self.cfg.tables for t in (table.target, tombstone_target(table))]
-            targets += [changes_target(table) for table in self.cfg.tables if table.merge_on_read]
             done = []
-            for target in [*targets, self.cfg.quarantine]:
+            for target in replica_targets(self.cfg, metrics=False):
                 compacted = compact_files(batch.spark, target, self.cfg.compaction.small_file_mb << 20)
                 if compacted is not None and compacted.removed:
                     done.append(f"{target.describe()} {compacted.removed} files into {compacted.added}")

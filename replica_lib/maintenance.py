@@ -48,7 +48,7 @@ from replica_lib.merge import (
 )
 from replica_lib.ordering import current_versions, newer
 from replica_lib.recovery import replica_running
-from replica_lib.target import changes_target, read_table, table_exists, tombstone_target, version_columns
+from replica_lib.target import read_table, replica_targets, table_exists, tombstone_target, version_columns
 from replica_lib.topics import TopicAdmin
 
 logger = logging.getLogger(__name__)
@@ -236,14 +236,6 @@ class Files:
             vacuum += "deleted files not counted" if self.vacuumed is None else f"{self.vacuumed} files deleted"
         how = f"z-ordered by {', '.join(self.zorder)}" if self.zorder else "optimize"
         return f"{self.target}: {self.files_before} files, {self.files_after} after {how}{vacuum}"
-
-
-def replica_targets(cfg: ReplicaConfig) -> list[Target]:
-    """Every Delta table of a replica: each table with its retained deletes (and change log), then the
-    quarantine and the metrics table."""
-    targets = [t for table in cfg.tables for t in (table.target, tombstone_target(table))]
-    targets += [changes_target(table) for table in cfg.tables if table.merge_on_read]
-    return [*targets, cfg.quarantine, *([cfg.metrics] if cfg.metrics is not None else [])]
 
 
 def vacuum_plan(spark: SparkSession, cfg: ReplicaConfig, retain_hours: float | None = None) -> dict[str, float]:

@@ -133,6 +133,14 @@ def applied_target(table: TableConfig) -> Target:
     return changes_target(table) if table.merge_on_read else table.target
 
 
+def replica_targets(cfg: ReplicaConfig, metrics: bool = True) -> list[Target]:
+    """Every Delta table of a replica: each table with its retained deletes (and change log), then the
+    quarantine and (with ``metrics``) the metrics table."""
+    targets = [t for table in cfg.tables for t in (table.target, tombstone_target(table))]
+    targets += [changes_target(table) for table in cfg.tables if table.merge_on_read]
+    return [*targets, cfg.quarantine, *([cfg.metrics] if metrics and cfg.metrics is not None else [])]
+
+
 def read_table(spark: SparkSession, target: Target, version: int | None = None) -> DataFrame:
     """The table's rows: its latest version, or exactly ``version`` (Delta time travel)."""
     reader = spark.read.format("delta")

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,9 +10,10 @@ import pytest
 from pyspark.sql import SparkSession
 
 from replica_dev import loadgen
+from replica_dev.chaos import Launch
 from replica_dev.conf import orders_table, replica_doc, write_replica
 from replica_dev.spark_cluster import SparkStandalone
-from replica_lib.config import PROJECT_ROOT, load_replica
+from replica_lib.config import load_replica
 from replica_lib.producer import ChangeProducer, ProducerSettings
 from replica_lib.rebuild import rebuild_config
 from tests.integration.test_semantics import assert_matches_model
@@ -29,25 +27,6 @@ JOB_TIMEOUT_S = 600
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkStandalone]:
     with SparkStandalone(tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=1, memory="1g") as nodes:
         yield nodes
-
-
-def _submit(cluster: SparkStandalone, log: Path, *job: str) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [str(PROJECT_ROOT / "spark-submit.sh"), "--master", cluster.master_url, *job],
-            cwd=PROJECT_ROOT,
-            env=os.environ,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
-def _applied_batches(log: Path) -> int:
-    text = log.read_text(errors="replace") if log.exists() else ""
-    return sum(
-        1 for line in text.splitlines() if " batch " in line and "records in" in line and " 0 records" not in line
-    )
 
 
 def test_a_replica_on_a_standalone_cluster_loses_an_executor_and_stays_exact_and_rebuilds_there(
@@ -69,27 +48,22 @@ def test_a_replica_on_a_standalone_cluster_loses_an_executor_and_stays_exact_and
     with ChangeProducer(connection, ProducerSettings()) as producer:
         log = loadgen.run(producer, topic, loadgen.Workload(keys=80, events=1200, seed=41))
 
-    job_log = tmp_path / "materialize.log"
-    job = _submit(cluster, job_log, "jobs/materialize.py", str(conf), "--available-now")
+    on_cluster = ("--master", cluster.master_url)
+    job = Launch(conf, tmp_path / "materialize.log", None, args=("--available-now",), spark_options=on_cluster)
     try:
-        deadline = time.monotonic() + JOB_TIMEOUT_S
-        while _applied_batches(job_log) < 1:  # the query runs on the executors: lose one of them mid-run
-            assert job.poll() is None, job_log.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, f"no batch applied within {JOB_TIMEOUT_S}s"
-            time.sleep(0.5)  # polling the job's log
+        job.wait_for_batch(JOB_TIMEOUT_S)  # the query runs on the executors: lose one of them mid-run
         cluster.kill_executor()
-        assert job.wait(timeout=JOB_TIMEOUT_S) == 0, job_log.read_text(errors="replace")[-3000:]
+        assert job.wait_exit(JOB_TIMEOUT_S) == 0, job.log.read_text(errors="replace")[-3000:]
     finally:
-        if job.poll() is None:
-            job.kill()
-    text = job_log.read_text(errors="replace")
+        job.kill()
+    text = job.log.read_text(errors="replace")
     assert "ExecutorLostFailure" in text or "Lost executor" in text  # the kill reached the query, which went on
     assert_matches_model(spark, cfg, log)
 
     # The rebuild job runs there too, and equals the replica.
     into = tmp_path / "rebuilt"
-    rebuild_log = tmp_path / "rebuild.log"
-    rebuilt = _submit(cluster, rebuild_log, "jobs/rebuild.py", str(conf), "--into", str(into), "--verify")
-    assert rebuilt.wait(timeout=JOB_TIMEOUT_S) == 0, rebuild_log.read_text(errors="replace")[-3000:]
-    assert "clustered.orders and rebuilt orders are equal" in rebuild_log.read_text(errors="replace")
+    args = ("--into", str(into), "--verify")
+    rebuild = Launch(conf, tmp_path / "rebuild.log", None, job="jobs/rebuild.py", args=args, spark_options=on_cluster)
+    assert rebuild.wait_exit(JOB_TIMEOUT_S) == 0, rebuild.log.read_text(errors="replace")[-3000:]
+    assert "clustered.orders and rebuilt orders are equal" in rebuild.log.read_text(errors="replace")
     assert_matches_model(spark, rebuild_config(cfg, str(into)), log)
