@@ -42,6 +42,14 @@ def path_exists(spark: SparkSession, path: str) -> bool:
     return bool(fs.exists(hadoop_path))
 
 
+def remove_if_empty(spark: SparkSession, path: str) -> bool:
+    """Delete the folder ``path`` if it holds no file at any depth (only empty folders); True if it did."""
+    fs, hadoop_path = _fs(spark, path)
+    if not fs.exists(hadoop_path) or fs.listFiles(hadoop_path, True).hasNext():
+        return False
+    return bool(fs.delete(hadoop_path, True))
+
+
 def write_text(spark: SparkSession, path: str, text: str) -> None:
     """Write a small file (overwriting it)."""
     fs, hadoop_path = _fs(spark, path)

@@ -210,3 +210,21 @@ def test_changed_keys_are_refused_as_a_key_change(
         start_replica(spark, rekeyed, available_now=True)
     assert caught.value.key == "tables.orders.keys"
     assert "keys changed from ['order_id'] to ['customer']" in str(caught.value)
+
+
+def test_a_table_whose_creation_was_killed_before_its_first_commit_is_created_again(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    # What a process killed inside Delta's CREATE leaves: a log folder without a commit, which Delta refuses to
+    # create a table over (DELTA_TABLE_NOT_FOUND), again and again.
+    topic = topic_factory(partitions=2)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "created", {"orders": orders_table(topic)})
+    (Path(str(cfg.table("orders").target.path)) / "_delta_log" / "_staged_commits").mkdir(parents=True)
+    log = produce(connection, topic, [upsert(k, 1, "new") for k in range(5)] + [delete(2, 2)])
+    run_available_now(spark, cfg)
+    assert_df_equality(
+        replica_df(spark, cfg, "orders"),
+        expected_df(spark, cfg, "orders", log),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
