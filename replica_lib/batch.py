@@ -26,7 +26,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.util import inheritable_thread_target
 
-from replica_lib import decode
+from replica_lib import decode, evolution, logical
 from replica_lib.config import ReplicaConfig, TableConfig, Target
 from replica_lib.errors import ConcurrentCommitError
 from replica_lib.layout import RANGE_TYPES, fold, pending_versions
@@ -48,12 +48,15 @@ from replica_lib.monitor import GroupOffsets
 from replica_lib.ordering import current_versions, latest_per_key, one_per_key, unapplied
 from replica_lib.progress import Offsets, batch_end_offsets, checkpoint_generation, offsets_json
 from replica_lib.target import (
+    Evolution,
     TableSchema,
     changes_target,
+    evolve_table,
     read_table,
     replica_targets,
     tombstone_target,
     version_columns,
+    with_new_fields,
 )
 
 logger = logging.getLogger(__name__)
@@ -87,9 +90,14 @@ class BatchStats:
     quarantined: int = 0
     late: int = 0  # keys whose last change in this batch's log has a lower seq than an earlier one (late changes)
     late_tables: dict[str, int] = field(default_factory=dict)  # ``late`` by table, for the tables that had any
+    #: Records that carried a field their table does not keep, by ``table.field`` (see replica_lib.evolution).
+    unknown_fields: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     offsets: dict[str, dict[int, int]] = field(default_factory=dict)
     stages: dict[str, float] = field(default_factory=dict)  # seconds per stage of the batch, in order
+
+    def _unknown(self) -> str:
+        return ", ".join(f"{name} in {n} records" for name, n in sorted(self.unknown_fields.items()))
 
     def line(self, replica: str) -> str:
         ends = " ".join(
@@ -99,6 +107,7 @@ class BatchStats:
             f"replica {replica} batch {self.batch_id}: {self.records} records in, {self.upserts} upserts, "
             f"{self.deletes} deletes, {self.quarantined} quarantined, "
             f"{f'{self.late} late changes (a lower seq after a higher one), ' if self.late else ''}"
+            f"{f'fields not kept: {self._unknown()}, ' if self.unknown_fields else ''}"
             f"{self.seconds:.2f}s ({', '.join(f'{k} {v:.2f}s' for k, v in self.stages.items()) or '-'}), "
             f"offsets {ends or '-'}"
         )
@@ -302,6 +311,9 @@ class BatchHandler:
                 observed[t.name] = (observation, winners)
             summaries = {name: _summary(o, w, self.schemas[name]) for name, (o, w) in observed.items()}
             env_df.unpersist()
+            if self._add_columns(batch, summaries):  # the batch's records name fields new to a table
+                return self._decode(batch, batch_df)
+            self._count_new_fields(batch, batch_df, summaries)
             for i, t in enumerate(self.cfg.tables):
                 if t.sequence_by is not None and summaries[t.name].tombstones:
                     # A Kafka tombstone on a sequenced table inherits the seq of the changes before it and of the
@@ -309,7 +321,7 @@ class BatchHandler:
                     changes_df = decode.table_changes(
                         decode.envelopes(batch_df, self.cfg, self.schemas), self.schemas[t.name], i == 0, alone
                     )
-                    changes[t.name] = changes_df.localCheckpoint()
+                    changes[t.name] = changes_df.drop(decode.ROW, logical.CONNECT_FIELDS).localCheckpoint()
                     ranked.discard(t.name)
         records = sum(s.records for s in summaries.values())
         rejected = sum(s.rejected for s in summaries.values())
@@ -326,6 +338,41 @@ class BatchHandler:
                 late,
             )
         return _Decoded(records, rejected, changes, summaries, frozenset(ranked))
+
+    def _add_columns(self, batch: _Batch, summaries: dict[str, _Summary]) -> bool:
+        """Add the new fields of the batch's records to their ``add_columns`` tables; whether any was added."""
+        added = False
+        for table in self.cfg.tables:
+            fields = summaries[table.name].new_fields.addable
+            if not fields:
+                continue
+            schema = with_new_fields(self.schemas[table.name], fields)
+            why = f"new in the records of batch {batch.batch_id}"
+            evolve_table(batch.spark, schema, Evolution(added=fields), self.cfg.name, why)
+            self.schemas[table.name] = schema
+            added = True
+        return added
+
+    def _count_new_fields(self, batch: _Batch, batch_df: DataFrame, summaries: dict[str, _Summary]) -> None:
+        """Count the records that carry fields their table does not keep (a job, only for a batch with some)."""
+        for i, table in enumerate(self.cfg.tables):
+            counted = summaries[table.name].new_fields.counted
+            if not counted:
+                continue
+            env_df = decode.envelopes(batch_df, self.cfg, self.schemas)
+            changes_df = decode.table_changes(env_df, self.schemas[table.name], i == 0, len(self.cfg.tables) == 1)
+            found = evolution.counts(changes_df, [name for name, _ in counted])
+            for name, why in counted:
+                batch.stats.unknown_fields[f"{table.name}.{name}"] = found[name]
+                logger.warning(
+                    "replica %s batch %d: %d records of table %s carry field %s, which the table does not keep (%s)",
+                    self.cfg.name,
+                    batch.batch_id,
+                    found[name],
+                    table.name,
+                    name,
+                    why,
+                )
 
     def _quarantine(self, batch: _Batch, decoded: _Decoded) -> None:
         with batch.stage("quarantine"):
@@ -583,6 +630,7 @@ class _Summary:
     ranked_upserts: int = 0  # of a ranked table (see _observed): the winning upserts and deletes, one per key
     ranked_deletes: int = 0
     late: int = 0  # keys whose last change in the log has a lower seq than their winner (see one_per_key)
+    new_fields: evolution.NewFields = field(default_factory=evolution.NewFields)  # fields the table lacks
 
 
 def _observed(
@@ -611,7 +659,8 @@ def _observed(
         F.min(F.when(ok & F.col("_tombstone"), key)).cast("string").alias("tombstone_low"),
         F.max(F.when(ok & F.col("_tombstone"), key)).cast("string").alias("tombstone_high"),
         F.count(F.lit(1)).alias("records"),
-    )
+        *evolution.observations(schema),
+    ).drop(decode.ROW, logical.CONNECT_FIELDS)
     winners = None
     if ranked:
         winners = Observation()
@@ -644,6 +693,7 @@ def _summary(observation: Observation, winners: Observation | None, schema: Tabl
         int(ranked["upserts"]),
         int(ranked["deletes"]),
         int(ranked["late"]),
+        evolution.new_fields(schema, row),
     )
 
 

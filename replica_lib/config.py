@@ -67,6 +67,9 @@ FORMATS = ("native", "debezium")
 #: a fold MERGEs into the table now and then, with a view that always shows the state (replica_lib.layout).
 COPY_ON_WRITE, MERGE_ON_READ = "copy-on-write", "merge-on-read"
 LAYOUTS = (COPY_ON_WRITE, MERGE_ON_READ)
+#: A table's answer to a field its schema does not declare (``TableConfig.schema_evolution``).
+ADD_COLUMNS, STRICT = "add_columns", "strict"
+SCHEMA_EVOLUTIONS = (ADD_COLUMNS, STRICT)
 
 
 # ---------------------------------------------------------------------------------------------- local settings
@@ -342,6 +345,11 @@ class TableConfig:
     #: ``deltalake`` package's pyarrow and pandas readers, Polars) cannot open such a table at all; with False
     #: every MERGE rewrites the files it touches.
     deletion_vectors: bool = True
+    #: What a field the schema does not declare does: ``add_columns`` adds it to the table as a nullable column
+    #: (unless ``include_columns`` lists what to keep); ``strict`` leaves the table as declared and counts the
+    #: records that carried it. Either way a change of the ``schema`` itself (a column added, a type widened) is
+    #: applied to the table at the next start.
+    schema_evolution: str = ADD_COLUMNS
 
     @property
     def merge_on_read(self) -> bool:
@@ -635,7 +643,14 @@ def _parse_table(r: _Reader, name: str, doc: Any) -> TableConfig:
     if not isinstance(doc, dict):
         raise r.fail(where, "must be a table", f"write it as [{where}]")
     allowed = {"topic", "format", "keys", "sequence_by", "schema", "target", "include_columns", "exclude_columns"}
-    r.only(doc, where, allowed | {"layout", "fold_every_batches", "deletion_vectors"})
+    r.only(doc, where, allowed | {"layout", "fold_every_batches", "deletion_vectors", "schema_evolution"})
+    evolution = r.string(doc, "schema_evolution", where, ADD_COLUMNS)
+    if evolution not in SCHEMA_EVOLUTIONS:
+        raise r.fail(
+            f"{where}.schema_evolution",
+            f"unknown schema evolution {evolution!r}",
+            f'use "{ADD_COLUMNS}" (new fields become columns) or "{STRICT}" (new fields are counted, not kept)',
+        )
     fmt = r.string(doc, "format", where, "native")
     if fmt not in FORMATS:
         raise r.fail(f"{where}.format", f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
@@ -665,6 +680,7 @@ def _parse_table(r: _Reader, name: str, doc: Any) -> TableConfig:
             doc, "fold_every_batches", where, 10, 0, "e.g. fold_every_batches = 10 (0: only jobs/maintain.py folds)"
         ),
         deletion_vectors=r.boolean(doc, "deletion_vectors", where, True),
+        schema_evolution=evolution,
     )
     if table.include_columns and table.exclude_columns:
         raise r.fail(where, "both include_columns and exclude_columns are set", "keep only one of them")

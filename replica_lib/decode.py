@@ -60,7 +60,11 @@ ENVELOPE_COLUMNS = (
     "_key_json",
     "_data_json",
     "_error",
+    "_row",
 )
+#: The column of a change holding its row image as parsed (a variant; null for deletes): what the batch reads the
+#: fields of to find those its table does not have (``replica_lib.evolution``). Dropped once observed.
+ROW = "_row"
 
 
 def _no_error() -> Column:
@@ -219,6 +223,7 @@ def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig], data: T.S
         )
         .otherwise(_native_error(route_error))
         .alias("_error"),
+        F.when(~is_tombstone, F.try_variant_get(F.col("_strict"), "$[0]['data']", "variant")).alias(ROW),
         *typed_columns,
     )
 
@@ -337,6 +342,13 @@ def debezium_envelopes(raw_df: DataFrame, table: TableConfig, data_columns: Sequ
         # A delete's row image is `before`: only its sequence column is used (see table_changes).
         F.when(is_upsert, payload["after"]).when(dbz_op == "d", payload["before"]).alias("_data_json"),
         error.alias("_error"),
+        F.when(
+            is_upsert,
+            F.coalesce(
+                F.try_variant_get(F.col("_strict"), "$[0]['payload']['after']", "variant"),
+                F.try_variant_get(F.col("_strict"), "$[0]['after']", "variant"),
+            ),
+        ).alias(ROW),
         F.when(wrapped & ~is_tombstone, logical.connect_fields(outer["schema"])).alias(logical.CONNECT_FIELDS),
     )
 
@@ -399,6 +411,10 @@ def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False
         *[F.col(c) for c in ("_tombstone", "_topic", "_partition", "_offset", "_event_ts", "_kafka_ts")],
         *[F.col(c) for c in ("_key", "_value", "_table")],
         error.alias("_error"),
+        F.when(F.col("_op") == "upsert", F.col(ROW)).alias(ROW),
+        (F.col(logical.CONNECT_FIELDS) if logical.CONNECT_FIELDS in env_df.columns else F.lit(None)).alias(
+            logical.CONNECT_FIELDS
+        ),
     )
     # The raw record is kept only where it is quarantined: a valid change's bytes would only weigh on the batch's
     # local checkpoint and on the ordering's shuffle. (A projection of its own: ``_error`` is computed once.)

@@ -39,8 +39,8 @@ from replica_lib.target import (
     PROVENANCE_COLUMNS,
     TableSchema,
     changes_target,
+    current_schema,
     read_table,
-    table_schema,
     tombstone_target,
     version_columns,
 )
@@ -112,7 +112,7 @@ def read_state(spark: SparkSession, table: TableConfig, changes_version: int | N
     changes = changes_target(table).describe()
     if changes_version is not None:
         changes = f"{changes} VERSION AS OF {int(changes_version)}"
-    schema = table_schema(table, "")  # validated with the config already
+    schema = current_schema(spark, table)  # the columns added from the data since, too
     return spark.sql(state_sql(schema, table.target.describe(), changes, tombstone_target(table).describe()))
 
 

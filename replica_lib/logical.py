@@ -19,7 +19,7 @@ from pyspark.sql import types as T
 CONNECT_FIELDS = "_connect_fields"
 _CONNECT_SCHEMA = (
     "fields ARRAY<STRUCT<field: STRING, "
-    "fields: ARRAY<STRUCT<field: STRING, name: STRING, parameters: MAP<STRING, STRING>>>>>"
+    "fields: ARRAY<STRUCT<field: STRING, type: STRING, name: STRING, parameters: MAP<STRING, STRING>>>>>"
 )
 #: What Debezium sends for a value it does not have (an unchanged TOASTed column of a PostgreSQL update).
 UNAVAILABLE = "__debezium_unavailable_value"

@@ -13,7 +13,8 @@ row: a newer change of their key won, in the batch or in the table, or a delete 
 (Spark's records between the batch's end and the log's end, per partition), ``input_rows_per_second``,
 ``processed_rows_per_second``, ``trigger_ms``, ``late`` (keys whose last change in the batch has a lower seq
 than an earlier one: see ``replica_lib.ordering.one_per_key``) and ``late_tables`` (``late`` by table name, for the
-tables that had any: what ``replica status`` and a rebuild's pre-flight add up).
+tables that had any: what ``replica status`` and a rebuild's pre-flight add up), ``unknown_fields`` (records that
+carried a field their table does not keep, by ``table.field``: see ``replica_lib.evolution``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ METRICS_SCHEMA = T.StructType(
         # Last: a table written before they existed gains them on append.
         T.StructField("late", T.LongType()),
         T.StructField("late_tables", T.MapType(T.StringType(), T.LongType())),
+        T.StructField("unknown_fields", T.MapType(T.StringType(), T.LongType())),
     ]
 )
 
@@ -215,6 +217,7 @@ def metrics_record(replica: str, stats: BatchStats, progress: Any) -> dict[str, 
         "trigger_ms": progress.durationMs.get("triggerExecution"),
         "late": stats.late,
         "late_tables": dict(stats.late_tables),
+        "unknown_fields": dict(stats.unknown_fields),
     }
 
 

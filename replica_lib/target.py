@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from replica_lib.config import (
+    STRICT,
     ReplicaConfig,
     TableConfig,
     Target,
@@ -246,17 +248,26 @@ def _check_deletion_vectors(spark: SparkSession, target: Target, wanted: bool) -
 
 
 def ensure_replica_tables(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, TableSchema]:
-    """Validate every table schema and create the replica, tombstone and quarantine tables that are missing."""
+    """Validate every table schema and create the replica, tombstone and quarantine tables that are missing.
+
+    An existing replica table is brought to the config's schema where that is safe (:func:`plan_evolution`), and
+    its columns beyond the config's (added from the data earlier) are kept: the schemas returned are the tables'.
+    """
     schemas = {}
     for table in cfg.tables:
-        schema = table_schema(table, cfg.source_file)
-        ensure_table(
-            spark,
-            table.target,
-            schema.replica_schema,
-            f"replica {cfg.name}: table {table.name}",
-            deletion_vectors=table.deletion_vectors,
-        )
+        declared = table_schema(table, cfg.source_file)
+        if table_exists(spark, table.target):
+            _check_deletion_vectors(spark, table.target, table.deletion_vectors)
+            schema = _evolve_to(spark, declared, cfg)
+        else:
+            schema = declared
+            ensure_table(
+                spark,
+                table.target,
+                schema.replica_schema,
+                f"replica {cfg.name}: table {table.name}",
+                deletion_vectors=table.deletion_vectors,
+            )
         ensure_table(
             spark,
             tombstone_target(table),
@@ -264,12 +275,177 @@ def ensure_replica_tables(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, 
             f"replica {cfg.name}: retained deletes of {table.name}",
         )
         if table.merge_on_read:
-            ensure_table(
-                spark,
-                changes_target(table),
-                schema.changes_schema,
-                f"replica {cfg.name}: changes of {table.name} not yet folded into it",
-            )
+            description = f"replica {cfg.name}: changes of {table.name} not yet folded into it"
+            if table_exists(spark, changes_target(table)):
+                log = changes_target(table)
+                _align(spark, log, user_columns(read_table(spark, log).schema), schema, cfg.name, "the table's")
+            else:
+                ensure_table(spark, changes_target(table), schema.changes_schema, description)
         schemas[table.name] = schema
     ensure_table(spark, cfg.quarantine, QUARANTINE_SCHEMA, f"replica {cfg.name}: records that could not be applied")
     return schemas
+
+
+# ------------------------------------------------------------------------------------------ schema evolution
+#: Columns a replica adds to a table's own: provenance, and a change log's bookkeeping.
+_INTERNAL = frozenset(PROVENANCE_COLUMNS) | frozenset(f.name for f in CHANGE_EXTRA.fields)
+_INTEGERS = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+
+
+def user_columns(existing: T.StructType) -> T.StructType:
+    """A replica table's (or change log's) own columns: what it holds of the rows, in the table's order."""
+    return T.StructType([f for f in existing.fields if f.name not in _INTERNAL])
+
+
+def widens(old: T.DataType, new: T.DataType) -> bool:
+    """Whether every value of ``old`` is exactly a value of ``new`` and Delta widens one into the other in place
+    (its type widening): a larger integer, FLOAT to DOUBLE, a DECIMAL with as many digits either side of the point."""
+    if isinstance(old, _INTEGERS) and isinstance(new, _INTEGERS):
+        return _INTEGERS.index(type(new)) > _INTEGERS.index(type(old))
+    if isinstance(old, T.FloatType):
+        return isinstance(new, T.DoubleType)
+    if isinstance(old, T.DecimalType) and isinstance(new, T.DecimalType):
+        more = (new.precision, new.scale) != (old.precision, old.scale)
+        return more and new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale
+    return False
+
+
+@dataclass(frozen=True)
+class Evolution:
+    """How a table's columns change: columns added (nullable, after its last own column) and types widened."""
+
+    added: tuple[T.StructField, ...] = ()
+    widened: tuple[tuple[str, T.DataType], ...] = ()  # column, new type
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.widened)
+
+    def describe(self) -> str:
+        parts = [f"added {f.name} {f.dataType.simpleString().upper()}" for f in self.added]
+        parts += [f"widened {name} to {t.simpleString().upper()}" for name, t in self.widened]
+        return ", ".join(parts)
+
+
+def plan_evolution(existing: T.StructType, declared: TableSchema, source_file: str) -> tuple[TableSchema, Evolution]:
+    """The table's schema after bringing an existing table's own columns (``existing``) to the declared ones.
+
+    Declared columns the table lacks are added and declared wider types widen the table's; the table's columns
+    that the config does not declare (added from the data by ``schema_evolution = "add_columns"``) stay, unless the
+    table is ``strict``. Anything else (a narrower or other type, a key column's type, a declared column excluded
+    now) cannot be done in place: :class:`ConfigError` says so.
+    """
+    table = declared.table
+    have = {f.name: f for f in existing.fields}
+    where = f"tables.{table.name}.schema"
+    rebuild = "rebuild the replica (./replica rebuild … --swap) or restore the config's schema"
+    widened = []
+    for f in declared.kept.fields:
+        old = have.get(f.name)
+        if old is None or old.dataType == f.dataType:
+            continue
+        if f.name in table.keys or not widens(old.dataType, f.dataType):
+            raise ConfigError(
+                source_file,
+                where,
+                f"column {f.name} is {old.dataType.simpleString().upper()} in {table.target.describe()} and "
+                f"{f.dataType.simpleString().upper()} in the config, which is not a widening Delta can apply in "
+                "place" + (" (a key column never changes type)" if f.name in table.keys else ""),
+                rebuild,
+            )
+        widened.append((f.name, f.dataType))
+    kept = {f.name for f in declared.kept.fields}
+    extra = [f for f in existing.fields if f.name not in kept]
+    excluded = [f.name for f in extra if f.name in declared.data.fieldNames()]
+    if excluded or (extra and table.schema_evolution == STRICT):
+        names = ", ".join(excluded or [f.name for f in extra])
+        raise ConfigError(
+            source_file,
+            where,
+            f"{table.target.describe()} has columns the config does not keep: {names}",
+            "declare them in the schema (and take them out of include_columns/exclude_columns), or "
+            + rebuild.replace("or restore the config's schema", "without them"),
+        )
+    added = tuple(f for f in declared.kept.fields if f.name not in have)
+    data = T.StructType(list(declared.data.fields) + [f for f in extra if f.name not in declared.data.fieldNames()])
+    order = [f.name for f in existing.fields] + [f.name for f in added]
+    by_name = {f.name: f for f in data.fields}
+    schema = replace(declared, data=data, kept=T.StructType([by_name[n] for n in order]))
+    return schema, Evolution(added, tuple(widened))
+
+
+def with_new_fields(schema: TableSchema, fields: Sequence[T.StructField]) -> TableSchema:
+    """``schema`` with columns added from the data (nullable, after the table's own columns)."""
+    added = [T.StructField(f.name, f.dataType, True) for f in fields]
+    return replace(
+        schema, data=T.StructType([*schema.data.fields, *added]), kept=T.StructType([*schema.kept.fields, *added])
+    )
+
+
+def evolve_table(spark: SparkSession, schema: TableSchema, evolution: Evolution, replica: str, why: str) -> None:
+    """Apply ``evolution`` to a replica table (and its change log), each step once: a re-run after a crash finds
+    what is done already and does the rest. Logs each table version it creates."""
+    table = schema.table
+    targets = [table.target, *([changes_target(table)] if table.merge_on_read else [])]
+    for target in targets:
+        if table_exists(spark, target):
+            _align(spark, target, user_columns(read_table(spark, target).schema), schema, replica, why)
+
+
+def _align(
+    spark: SparkSession, target: Target, existing: T.StructType, schema: TableSchema, replica: str, why: str
+) -> None:
+    """Add the columns of ``schema.kept`` that ``target`` lacks and widen the ones it has narrower."""
+    have = {f.name: f for f in existing.fields}
+    name = target.describe()
+    last = existing.fields[-1].name if existing.fields else None
+    for f in schema.kept.fields:
+        old = have.get(f.name)
+        if old is None:
+            position = f" AFTER `{last}`" if last else " FIRST"
+            spark.sql(f"ALTER TABLE {name} ADD COLUMNS (`{f.name}` {f.dataType.simpleString()}{position})")
+            _log_evolution(spark, target, replica, f"added column {f.name} {f.dataType.simpleString().upper()}", why)
+        elif old.dataType != f.dataType:
+            spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('{_TYPE_WIDENING}' = 'true')")
+            spark.sql(f"ALTER TABLE {name} ALTER COLUMN `{f.name}` TYPE {f.dataType.simpleString()}")
+            what = f"widened column {f.name} to {f.dataType.simpleString().upper()}"
+            _log_evolution(spark, target, replica, what, why)
+        last = f.name
+
+
+_TYPE_WIDENING = "delta.enableTypeWidening"
+
+
+def _log_evolution(spark: SparkSession, target: Target, replica: str, what: str, why: str) -> None:
+    from delta.tables import DeltaTable
+
+    table = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, str(target.table))
+    version = table.history(1).select("version").first()
+    logger.warning(
+        "replica %s: %s of %s (%s): table version %s",
+        replica,
+        what,
+        target.describe(),
+        why,
+        None if version is None else version[0],
+    )
+
+
+def _evolve_to(spark: SparkSession, declared: TableSchema, cfg: ReplicaConfig) -> TableSchema:
+    """An existing replica table brought to the config's schema (see :func:`plan_evolution`)."""
+    existing = user_columns(read_table(spark, declared.table.target).schema)
+    schema, evolution = plan_evolution(existing, declared, cfg.source_file)
+    if evolution:
+        evolve_table(spark, schema, evolution, cfg.name, f"the config declares it: {evolution.describe()}")
+    return schema
+
+
+def current_schema(spark: SparkSession, table: TableConfig) -> TableSchema:
+    """A table's schema as its Delta table has it now: the config's, and the columns added since from the data."""
+    declared = table_schema(table, "")
+    if not table_exists(spark, table.target):
+        return declared
+    existing = user_columns(read_table(spark, table.target).schema)
+    by_name = {f.name: f for f in existing.fields}
+    extra = [f for f in existing.fields if f.name not in declared.data.fieldNames()]
+    data = T.StructType([by_name.get(f.name, f) for f in declared.data.fields] + extra)
+    return replace(declared, data=data, kept=existing)

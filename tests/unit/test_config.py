@@ -234,6 +234,12 @@ OFFSETS_FIX = """e.g. "earliest", or per partition '{"orders": {"0": 42, "1": -2
             'remove fold_every_batches, or set layout = "merge-on-read"',
         ),
         (("tables", "orders", "deletion_vectors"), "no", "tables.orders.deletion_vectors", "write true or false"),
+        (
+            ("tables", "orders", "schema_evolution"),
+            "auto",
+            "tables.orders.schema_evolution",
+            'use "add_columns" (new fields become columns) or "strict" (new fields are counted, not kept)',
+        ),
         (("tables", "orders", "keys"), [], "tables.orders.keys", "name at least one key column"),
         (("tables", "orders", "keys"), "order_id", "tables.orders.keys", '["col", ...]'),
         (("tables", "orders", "keys"), ["order id"], "tables.orders.keys", '["col", ...]'),

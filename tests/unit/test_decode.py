@@ -24,7 +24,7 @@ RawRow = tuple[bytearray | None, bytearray | None, str, int, int, datetime]
 
 #: Columns every change row carries after the table's own columns.
 CHANGE_TAIL = ["_op", "_seq", "_tombstone", "_topic", "_partition", "_offset", "_event_ts", "_kafka_ts"]
-CHANGE_TAIL += ["_key", "_value", "_table", "_error"]
+CHANGE_TAIL += ["_key", "_value", "_table", "_error", "_row", "_connect_fields"]
 #: What the typed-row comparisons look at (event time as epoch millis, so no time zone is involved).
 META = ("_op", "_seq", "_tombstone", "_topic", "_partition", "_offset", "_event_ms")
 META_DDL = "_op STRING, _seq BIGINT, _tombstone BOOLEAN, _topic STRING, _partition INT, _offset BIGINT"
