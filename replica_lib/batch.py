@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import Any
 
@@ -26,7 +26,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.util import inheritable_thread_target
 
-from replica_lib import decode, evolution, logical
+from replica_lib import decode, evolution, logical, quarantine
 from replica_lib.config import ReplicaConfig, TableConfig, Target
 from replica_lib.errors import ConcurrentCommitError
 from replica_lib.layout import RANGE_TYPES, fold, pending_versions
@@ -45,7 +45,7 @@ from replica_lib.merge import (
     typed_conflicts,
 )
 from replica_lib.monitor import GroupOffsets
-from replica_lib.ordering import current_versions, latest_per_key, one_per_key, unapplied
+from replica_lib.ordering import current_versions, held, latest_per_key, one_per_key, unapplied
 from replica_lib.progress import Offsets, batch_end_offsets, checkpoint_generation, offsets_json
 from replica_lib.target import (
     Evolution,
@@ -144,6 +144,7 @@ def quarantine_rows(rejected_df: DataFrame, replica: str, batch_id: int) -> Data
         F.col("_table").alias("table"),
         F.col("_error").alias("reason"),
         F.current_timestamp().alias("quarantined_at"),
+        F.col("_held_key").alias("held_key"),
     )
 
 
@@ -185,8 +186,13 @@ class BatchHandler:
         stop_requested: Callable[[], bool] | None = None,
         report: Callable[[BatchStats], None] | None = None,
         monitored: bool = True,
+        replay: bool = False,
     ) -> None:
         self.cfg, self.schemas = cfg, schemas
+        #: Applying quarantined records again (``replica_lib.replay``): the records rejected again stay where they
+        #: are (in :attr:`rejected_again`), and the commits record no offsets.
+        self.replay = replay
+        self.rejected_again: DataFrame | None = None
         self.report = report  # takes every finished batch's figures (the per-batch metrics)
         self.hooks = hooks or BatchHooks()
         self.stop_requested = stop_requested
@@ -197,6 +203,7 @@ class BatchHandler:
         self._generation: str | None = None
         self._filled: set[str] = set()  # tables known to hold data: they never need the emptiness check again
         self._retained = _Retained()
+        self._held = _Held()
         self._beside = futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"replica-{cfg.name}-beside")
         # Applied offsets for Kafka tooling, committed off the batch's path (not by a rebuild: the group is the
         # live replica's).
@@ -282,12 +289,11 @@ class BatchHandler:
         spark = batch_df.sparkSession
         assert self._generation is not None
         stats = BatchStats(batch_id=batch_id, offsets={t: dict(parts) for t, parts in offsets.items()})
-        metadata = {
-            "replica": self.cfg.name,
-            "batch_id": batch_id,
-            "generation": self._generation,
-            "offsets": offsets_json(stats.offsets),
-        }
+        metadata: dict[str, Any] = {"replica": self.cfg.name, "batch_id": batch_id, "generation": self._generation}
+        if self.replay:
+            metadata["replay"] = True  # no offsets: such a commit says nothing of how far the log is applied
+        else:
+            metadata["offsets"] = offsets_json(stats.offsets)
         stage = _Stages(spark, stats, f"replica {self.cfg.name} batch {batch_id}")
         return _Batch(batch_id, spark, self._generation, stats, stage, metadata)
 
@@ -314,15 +320,27 @@ class BatchHandler:
             if self._add_columns(batch, summaries):  # the batch's records name fields new to a table
                 return self._decode(batch, batch_df)
             self._count_new_fields(batch, batch_df, summaries)
+            earlier = {
+                t.name: self._held.of(batch.spark, self.cfg, self.schemas[t.name])
+                for t in self.cfg.tables
+                if t.holds_keys and not self.replay
+            }
             for i, t in enumerate(self.cfg.tables):
-                if t.sequence_by is not None and summaries[t.name].tombstones:
-                    # A Kafka tombstone on a sequenced table inherits the seq of the changes before it and of the
-                    # table's row: the ranking needs every change, so this table's are decoded again, unranked.
+                # A Kafka tombstone on a sequenced table inherits the seq of the changes before it and of the
+                # table's row, and a quarantined record holds back only its key's later changes (quarantined with
+                # their bytes): the ranking needs every change, so this table's are decoded again, unranked.
+                holding = t.holds_keys and (summaries[t.name].rejected > 0 or earlier.get(t.name) is not None)
+                if (t.sequence_by is not None and summaries[t.name].tombstones) or holding:
                     changes_df = decode.table_changes(
-                        decode.envelopes(batch_df, self.cfg, self.schemas), self.schemas[t.name], i == 0, alone
+                        decode.envelopes(batch_df, self.cfg, self.schemas),
+                        self.schemas[t.name],
+                        i == 0,
+                        alone,
+                        keep_raw=holding,
                     )
                     changes[t.name] = changes_df.drop(decode.ROW, logical.CONNECT_FIELDS).localCheckpoint()
                     ranked.discard(t.name)
+            self._hold(batch, changes, summaries, ranked, earlier)
         records = sum(s.records for s in summaries.values())
         rejected = sum(s.rejected for s in summaries.values())
         batch.stats.records = records
@@ -374,13 +392,64 @@ class BatchHandler:
                     why,
                 )
 
+    def _hold(
+        self,
+        batch: _Batch,
+        changes: dict[str, DataFrame],
+        summaries: dict[str, _Summary],
+        ranked: set[str],
+        earlier_keys: dict[str, DataFrame | None],
+    ) -> None:
+        """Mark rejected the changes that a quarantined record of their key holds back (``on_poison = "hold_key"``):
+        one of this batch, or an unresolved one of an earlier batch. Nothing to do, and no job, for a table with
+        neither."""
+        for table in self.cfg.tables:
+            summary = summaries[table.name]
+            if not table.holds_keys:
+                continue
+            schema = self.schemas[table.name]
+            earlier = earlier_keys.get(table.name)
+            if not summary.rejected and earlier is None:
+                continue
+            held_df = held(changes[table.name], table.keys, table.name, earlier, summary.rejected <= BROADCAST_ROWS)
+            changes[table.name], observation, _ = _observed(held_df, schema, ranked=False, fields=False)
+            counted = _summary(observation, None, schema)
+            deletes = counted.deletes
+            summaries[table.name] = replace(
+                counted,
+                ranked_upserts=counted.valid - deletes if table.name in ranked else 0,
+                ranked_deletes=deletes if table.name in ranked else 0,
+                records=summary.records,
+                late=summary.late,
+                new_fields=summary.new_fields,
+            )
+            if counted.rejected > summary.rejected:
+                logger.warning(
+                    "replica %s batch %d: %d changes of table %s held behind quarantined records of their keys",
+                    self.cfg.name,
+                    batch.batch_id,
+                    counted.rejected - summary.rejected,
+                    table.name,
+                )
+            self._held.forget(table.name)  # what it holds may have changed: read it again next batch
+
     def _quarantine(self, batch: _Batch, decoded: _Decoded) -> None:
         with batch.stage("quarantine"):
             batch.stats.quarantined = decoded.rejected
             if not decoded.rejected:
                 return
-            rejected_df = _union([decode.rejected(changes_df) for changes_df in decoded.changes.values()])
-            rows_df = quarantine_rows(rejected_df.dropDuplicates(_COORDINATES), self.cfg.name, batch.batch_id)
+            rejected_df = _union(
+                [
+                    decode.rejected(decoded.changes[t.name]).withColumn("_held_key", _held_key(t))
+                    for t in self.cfg.tables
+                ]
+            ).dropDuplicates(_COORDINATES)
+            if self.replay:  # they are in the quarantine already, unresolved
+                self.rejected_again = rejected_df.localCheckpoint()
+                return
+            for t in self.cfg.tables:
+                self._held.forget(t.name)
+            rows_df = quarantine_rows(rejected_df, self.cfg.name, batch.batch_id)
             commit = Commit(app_id(self.cfg.name, "_quarantine", batch.generation), batch.batch_id, batch.metadata)
             append_quarantine(self.cfg.quarantine, rows_df, commit)
 
@@ -572,11 +641,46 @@ _COORDINATES = ["_topic", "_partition", "_offset"]  # a record's place in the lo
 
 
 def _union(frames: list[DataFrame]) -> DataFrame:
-    columns = [*_COORDINATES, "_kafka_ts", "_key", "_value", "_table", "_error"]
+    columns = [*_COORDINATES, "_kafka_ts", "_key", "_value", "_table", "_error", "_held_key"]
     result = frames[0].select(*columns)
     for frame in frames[1:]:
         result = result.unionByName(frame.select(*columns))
     return result
+
+
+def _held_key(table: TableConfig) -> Column:
+    """The key a rejected change of ``table`` holds (JSON of its typed key columns), where the table holds keys
+    and the key was read; else null."""
+    if not table.holds_keys:
+        return F.lit(None).cast("string")
+    known = reduce(lambda a, b: a & b, [F.col(f"`{k}`").isNotNull() for k in table.keys])
+    key = F.to_json(F.struct(*[F.col(f"`{k}`") for k in table.keys]))
+    return F.when((F.col("_table") == table.name) & known, key)
+
+
+class _Held:
+    """Whether each table's keys are held by unresolved quarantined records: read from the quarantine while some
+    are (so a drop or replay releases them at the next batch), and not at all once none is, until a batch
+    quarantines records of the table again."""
+
+    def __init__(self) -> None:
+        self.none: set[str] = set()  # tables known to hold no key
+
+    def of(self, spark: SparkSession, cfg: ReplicaConfig, schema: TableSchema) -> DataFrame | None:
+        name = schema.table.name
+        if name in self.none:
+            return None
+        keys_df = quarantine.held_keys(spark, cfg, schema)
+        if keys_df is not None:
+            keys_df = keys_df.localCheckpoint()
+            if keys_df.isEmpty():
+                keys_df = None
+        if keys_df is None:
+            self.none.add(name)
+        return keys_df
+
+    def forget(self, name: str) -> None:
+        self.none.discard(name)
 
 
 @dataclass(frozen=True)
@@ -634,7 +738,7 @@ class _Summary:
 
 
 def _observed(
-    changes_df: DataFrame, schema: TableSchema, ranked: bool
+    changes_df: DataFrame, schema: TableSchema, ranked: bool, fields: bool = True
 ) -> tuple[DataFrame, Observation, Observation | None]:
     """Materialize a table's changes (a local checkpoint) and count them in the same job (observations).
 
@@ -659,7 +763,7 @@ def _observed(
         F.min(F.when(ok & F.col("_tombstone"), key)).cast("string").alias("tombstone_low"),
         F.max(F.when(ok & F.col("_tombstone"), key)).cast("string").alias("tombstone_high"),
         F.count(F.lit(1)).alias("records"),
-        *evolution.observations(schema),
+        *(evolution.observations(schema) if fields else []),
     ).drop(decode.ROW, logical.CONNECT_FIELDS)
     winners = None
     if ranked:

@@ -70,6 +70,9 @@ LAYOUTS = (COPY_ON_WRITE, MERGE_ON_READ)
 #: A table's answer to a field its schema does not declare (``TableConfig.schema_evolution``).
 ADD_COLUMNS, STRICT = "add_columns", "strict"
 SCHEMA_EVOLUTIONS = (ADD_COLUMNS, STRICT)
+#: What a quarantined record does to the later records of its key (``TableConfig.on_poison``).
+HOLD_KEY, SKIP = "hold_key", "skip"
+ON_POISON = (HOLD_KEY, SKIP)
 
 
 # ---------------------------------------------------------------------------------------------- local settings
@@ -350,6 +353,14 @@ class TableConfig:
     #: records that carried it. Either way a change of the ``schema`` itself (a column added, a type widened) is
     #: applied to the table at the next start.
     schema_evolution: str = ADD_COLUMNS
+    #: ``hold_key``: once a record of a key is quarantined, the key's later records are held in the quarantine
+    #: too (never applied out of order) until the record is replayed or dropped (``./replica quarantine``);
+    #: ``skip``: the key's later records are applied as they come.
+    on_poison: str = HOLD_KEY
+
+    @property
+    def holds_keys(self) -> bool:
+        return self.on_poison == HOLD_KEY
 
     @property
     def merge_on_read(self) -> bool:
@@ -643,7 +654,14 @@ def _parse_table(r: _Reader, name: str, doc: Any) -> TableConfig:
     if not isinstance(doc, dict):
         raise r.fail(where, "must be a table", f"write it as [{where}]")
     allowed = {"topic", "format", "keys", "sequence_by", "schema", "target", "include_columns", "exclude_columns"}
-    r.only(doc, where, allowed | {"layout", "fold_every_batches", "deletion_vectors", "schema_evolution"})
+    r.only(doc, where, allowed | {"layout", "fold_every_batches", "deletion_vectors", "schema_evolution", "on_poison"})
+    on_poison = r.string(doc, "on_poison", where, HOLD_KEY)
+    if on_poison not in ON_POISON:
+        raise r.fail(
+            f"{where}.on_poison",
+            f"unknown on_poison {on_poison!r}",
+            f'use "{HOLD_KEY}" (a quarantined record holds its key\'s later records) or "{SKIP}"',
+        )
     evolution = r.string(doc, "schema_evolution", where, ADD_COLUMNS)
     if evolution not in SCHEMA_EVOLUTIONS:
         raise r.fail(
@@ -681,6 +699,7 @@ def _parse_table(r: _Reader, name: str, doc: Any) -> TableConfig:
         ),
         deletion_vectors=r.boolean(doc, "deletion_vectors", where, True),
         schema_evolution=evolution,
+        on_poison=on_poison,
     )
     if table.include_columns and table.exclude_columns:
         raise r.fail(where, "both include_columns and exclude_columns are set", "keep only one of them")
@@ -987,6 +1006,13 @@ def tombstone_location(target: Target) -> Target:
     if target.path:
         return Target(path=target.path.rstrip("/") + "__tombstones")
     return Target(table=f"{target.table}__tombstones")
+
+
+def resolved_location(quarantine: Target) -> Target:
+    """Where a replica's quarantined records that were replayed or dropped are listed: ``<quarantine>__resolved``."""
+    if quarantine.path:
+        return Target(path=quarantine.path.rstrip("/") + "__resolved")
+    return Target(table=f"{quarantine.table}__resolved")
 
 
 def changes_location(target: Target) -> Target:

@@ -374,8 +374,13 @@ def envelopes(raw_df: DataFrame, cfg: ReplicaConfig, schemas: dict[str, TableSch
     return union.select(*ENVELOPE_COLUMNS, *typed)
 
 
-def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False, alone: bool = False) -> DataFrame:
+def table_changes(
+    env_df: DataFrame, schema: TableSchema, unrouted: bool = False, alone: bool = False, keep_raw: bool = False
+) -> DataFrame:
     """One table's envelopes with typed key and row columns; contract violations get an ``_error``.
+
+    ``keep_raw``: keep every change's raw record, not only a rejected one's (a valid change may be held back
+    behind a quarantined record of its key, and is then quarantined with its bytes).
 
     ``unrouted``: also take the envelopes routed to no table (they keep their envelope's ``_error``), so that one
     table's changes hold every rejected envelope and the tables' changes together hold every envelope.
@@ -418,6 +423,8 @@ def table_changes(env_df: DataFrame, schema: TableSchema, unrouted: bool = False
     )
     # The raw record is kept only where it is quarantined: a valid change's bytes would only weigh on the batch's
     # local checkpoint and on the ordering's shuffle. (A projection of its own: ``_error`` is computed once.)
+    if keep_raw:
+        return changes_df
     rejected_only = F.col("_error").isNotNull()
     return changes_df.withColumns(
         {"_key": F.when(rejected_only, F.col("_key")), "_value": F.when(rejected_only, F.col("_value"))}

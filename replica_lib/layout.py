@@ -152,8 +152,8 @@ def fold(
 ) -> Folded:
     """Apply a merge-on-read table's pending changes to its base, then retire them from the change log.
 
-    The writes are keyed by the change log's version of the newest batch folded (``txnVersion``): a fold that
-    is run again after a crash skips what it committed. Safe beside a running replica, which only appends to the
+    The writes are keyed by the change log's version that the fold read (``txnVersion``): a fold that is run
+    again after a crash skips what it committed. Safe beside a running replica, which only appends to the
     change log; two folds at once may conflict, and the loser's changes are folded by the next fold.
     """
     table = schema.table
@@ -204,12 +204,16 @@ def fold(
     gated = unapplied(upserts, keys, retained).unionByName(winners.where(F.col("_op") == "delete")).localCheckpoint()
 
     app = fold_app_id(replica, table.name)
+    # Keyed by the change log's version read, not by its last replica commit's: changes appended with no offsets
+    # (a replay of quarantined records) come after that commit, and a fold keyed by it would be skipped as done.
+    folded_version = int(latest[0])
     with typed_conflicts():
-        tombstones = Commit(f"{app}:tombstones", applied.version, metadata)
+        tombstones = Commit(f"{app}:tombstones", folded_version, metadata)
         append_tombstones(tombstone_target(table), gated, schema, tombstones)
         if at is not None:
             at(FOLD_POINTS[0])
-        merged = merge_rows(spark, table.target, gated, schema, Commit(app, applied.version, metadata), rows, key_range)
+        commit = Commit(app, folded_version, metadata)
+        merged = merge_rows(spark, table.target, gated, schema, commit, rows, key_range)
         if at is not None:
             at(FOLD_POINTS[1])
         retire_changes(spark, log, marks)

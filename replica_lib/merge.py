@@ -272,6 +272,15 @@ def append_quarantine(target: Target, rows_df: DataFrame, commit: Commit) -> Non
     _append(target, rows_df, commit)
 
 
+def append_resolved(target: Target, rows_df: DataFrame) -> None:
+    """Record quarantined records as replayed or dropped (a plain append: recording one twice changes nothing)."""
+    writer = rows_df.write.format("delta").mode("append")
+    if target.path:
+        writer.save(target.path)
+    else:
+        writer.saveAsTable(str(target.table))
+
+
 def append_metrics(
     spark: SparkSession, target: Target, rows: Sequence[tuple[Any, ...]], schema: StructType, commit: Commit
 ) -> None:

@@ -165,3 +165,38 @@ def unapplied(winners_df: DataFrame, keys: Sequence[str], states_df: DataFrame |
     for term in [*on[1:], stale]:
         condition = condition & term
     return winners_df.join(states_df, condition, "left_anti")
+
+
+def held(
+    changes_df: DataFrame, keys: Sequence[str], table: str, earlier_df: DataFrame | None, broadcast: bool
+) -> DataFrame:
+    """``changes_df`` with the valid changes that a quarantined record of their key holds back marked rejected.
+
+    A record of ``table`` rejected with its key read holds the later records of its key (log position: partition,
+    then offset), so that no state after it is applied before it is replayed or dropped; ``earlier_df`` holds the
+    keys held by records quarantined in earlier batches, which hold every change of their key. A held change gets
+    an ``_error`` that says so: the batch quarantines it with the record that holds it.
+    """
+    ok = F.col("_error").isNull()
+    known = F.lit(True)
+    for k in keys:
+        known = known & F.col(f"`{k}`").isNotNull()
+    position = F.struct(F.col("_partition").alias("partition"), F.col("_offset").alias("offset"))
+    poison = (
+        changes_df.where(~ok & known & (F.col("_table") == table)).groupBy(*keys).agg(F.min(position).alias("_poison"))
+    )
+    if earlier_df is not None:
+        before = F.struct(F.lit(-1).alias("partition"), F.lit(-1).cast("long").alias("offset"))
+        earlier = earlier_df.select(*keys, before)
+        poison = (
+            poison.unionByName(earlier.toDF(*keys, "_poison")).groupBy(*keys).agg(F.min("_poison").alias("_poison"))
+        )
+    joined = changes_df.join(F.broadcast(poison) if broadcast else poison, list(keys), "left")
+    is_held = ok & F.col("_poison").isNotNull() & (position > F.col("_poison"))
+    reason = F.lit(
+        "held behind an earlier quarantined record of its key (on_poison = hold_key): "
+        "replay or drop that record with ./replica quarantine"
+    )
+    return joined.withColumn("_error", F.when(is_held, reason).otherwise(F.col("_error"))).select(
+        *[F.col(f"`{c}`") for c in changes_df.columns]
+    )

@@ -16,6 +16,7 @@ from replica_lib.config import (
     Target,
     changes_location,
     check_table_schema,
+    resolved_location,
     schema_json,
     tombstone_location,
 )
@@ -73,6 +74,23 @@ QUARANTINE_SCHEMA = T.StructType(
         T.StructField("table", T.StringType()),
         T.StructField("reason", T.StringType()),
         T.StructField("quarantined_at", T.TimestampType()),
+        # Last: a quarantine table written before it existed gains it at the next start.
+        # The key (JSON of its typed columns) whose later records this record holds, or holds behind another:
+        # set for the records of a table with on_poison = "hold_key" whose key could be read.
+        T.StructField("held_key", T.StringType()),
+    ]
+)
+
+#: A quarantined record replayed (applied after a fix) or dropped, by its coordinates: ``<quarantine>__resolved``.
+RESOLVED_SCHEMA = T.StructType(
+    [
+        T.StructField("topic", T.StringType()),
+        T.StructField("partition", T.IntegerType()),
+        T.StructField("offset", T.LongType()),
+        T.StructField("table", T.StringType()),
+        T.StructField("action", T.StringType()),  # replayed or dropped
+        T.StructField("note", T.StringType()),  # why (a drop's reason)
+        T.StructField("resolved_at", T.TimestampType()),
     ]
 )
 
@@ -141,7 +159,8 @@ def replica_targets(cfg: ReplicaConfig, metrics: bool = True) -> list[Target]:
     quarantine and (with ``metrics``) the metrics table."""
     targets = [t for table in cfg.tables for t in (table.target, tombstone_target(table))]
     targets += [changes_target(table) for table in cfg.tables if table.merge_on_read]
-    return [*targets, cfg.quarantine, *([cfg.metrics] if metrics and cfg.metrics is not None else [])]
+    targets += [cfg.quarantine, resolved_location(cfg.quarantine)]
+    return [*targets, *([cfg.metrics] if metrics and cfg.metrics is not None else [])]
 
 
 def read_table(spark: SparkSession, target: Target, version: int | None = None) -> DataFrame:
@@ -189,8 +208,12 @@ def ensure_table(
     schema: T.StructType,
     description: str,
     deletion_vectors: bool | None = None,
+    grows: bool = False,
 ) -> None:
     """Create the Delta table if it does not exist; an existing one must have exactly ``schema``'s columns.
+
+    ``grows``: an existing table whose columns are the first of ``schema``'s (written before the others existed)
+    gains the others.
 
     ``deletion_vectors``: a replica table's setting (``TableConfig.deletion_vectors``), which an existing table
     must match; None for append-only tables, which go without them (their reads are cheaper).
@@ -201,6 +224,11 @@ def ensure_table(
         existing = read_table(spark, target).schema
         have = [(f.name, f.dataType.simpleString()) for f in existing.fields]
         want = [(f.name, f.dataType.simpleString()) for f in schema.fields]
+        if grows and have != want and have == want[: len(have)]:
+            for f in schema.fields[len(have) :]:
+                spark.sql(f"ALTER TABLE {target.describe()} ADD COLUMNS (`{f.name}` {f.dataType.simpleString()})")
+            logger.info("%s: added columns %s", target.describe(), ", ".join(n for n, _ in want[len(have) :]))
+            have = want
         if have != want:
             raise ConfigError(
                 target.describe(),
@@ -282,7 +310,15 @@ def ensure_replica_tables(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, 
             else:
                 ensure_table(spark, changes_target(table), schema.changes_schema, description)
         schemas[table.name] = schema
-    ensure_table(spark, cfg.quarantine, QUARANTINE_SCHEMA, f"replica {cfg.name}: records that could not be applied")
+    ensure_table(
+        spark, cfg.quarantine, QUARANTINE_SCHEMA, f"replica {cfg.name}: records that could not be applied", grows=True
+    )
+    ensure_table(
+        spark,
+        resolved_location(cfg.quarantine),
+        RESOLVED_SCHEMA,
+        f"replica {cfg.name}: quarantined records replayed or dropped",
+    )
     return schemas
 
 

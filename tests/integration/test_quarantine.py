@@ -1,0 +1,173 @@
+"""Ordered quarantine: a quarantined record holds its key's later records; replay after a fix and drop release
+it, exactly once. Both layouts, checked against the reference model at each step."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+from confluent_kafka import Producer
+from pyspark.sql import DataFrame, SparkSession
+
+from jobs import quarantine as quarantine_job
+from replica_dev.model import LoggedChange, fold
+from replica_lib.config import ReplicaConfig
+from replica_lib.errors import CheckpointError
+from replica_lib.merge import delta_table
+from replica_lib.producer import Change, Position
+from replica_lib.quarantine import DROPPED, reasons, resolve, select, unresolved
+from replica_lib.recovery import LOCK_FILE, release_checkpoint
+from replica_lib.replay import replay
+from tests.integration.support import orders_table, produce, replica_config, replica_df, run_available_now
+
+pytestmark = pytest.mark.integration
+
+SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, updated_ms BIGINT, qty INT"
+WIDER = SCHEMA.replace("qty INT", "qty BIGINT")
+TOO_BIG = 5_000_000_000  # for an INT column: quarantined until the column is widened
+#: Holds an exclusive lock on the file argv[1] until its stdin closes, as a running replica holds its checkpoint's.
+HOLD_LOCK = (
+    "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+    "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('locked', flush=True); sys.stdin.read()"
+)
+
+
+def change(order_id: int, seq: int, qty: int = 1) -> Change:
+    row = {"order_id": order_id, "customer": f"c{order_id}", "amount": 2.0, "status": f"s{seq}", "updated_ms": seq}
+    return Change(key={"order_id": order_id}, op="upsert", data=row | {"qty": qty}, seq=seq)
+
+
+def gone(order_id: int, seq: int) -> Change:
+    return Change(key={"order_id": order_id}, op="delete", seq=seq)
+
+
+def garbage(connection: dict[str, str], topic: str, order_id: int) -> Position:
+    """A record with a good key and a value that is not JSON, in partition 0 (where the tests' keys go)."""
+    at: list[Position] = []
+    producer = Producer({**connection, "enable.idempotence": True})
+    producer.produce(
+        topic,
+        key=f'{{"order_id": {order_id}}}'.encode(),
+        value=b"{not json",
+        partition=0,
+        on_delivery=lambda _e, m: at.append(Position(m.topic(), m.partition(), m.offset())),
+    )
+    producer.flush(30)
+    return at[0]
+
+
+def state(spark: SparkSession, cfg: ReplicaConfig, table: str) -> DataFrame:
+    return replica_df(spark, cfg, table)
+
+
+def assert_model(spark: SparkSession, cfg: ReplicaConfig, table: str, log: Iterable[LoggedChange]) -> None:
+    spec = cfg.table(table)
+    rows = fold(list(log), {table: spec.keys}, {table: True})[table]
+    actual = state(spark, cfg, table)
+    expected = spark.createDataFrame([tuple(r.get(c) for c in actual.columns) for r in rows.values()], actual.schema)
+    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+
+
+def test_a_quarantined_record_holds_its_key_until_replayed_or_dropped(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    topics = {"cow": topic_factory(partitions=1), "mor": topic_factory(partitions=1)}
+    tables = {
+        "cow": orders_table(topics["cow"], schema=SCHEMA),
+        "mor": orders_table(topics["mor"], schema=SCHEMA, layout="merge-on-read"),
+    }
+    bootstrap = connection["bootstrap.servers"]
+    cfg = replica_config(tmp_path, bootstrap, "held", tables)
+    log: dict[str, list[LoggedChange]] = {}
+    applied: dict[str, list[LoggedChange]] = {}  # what the model says is applied at each step
+    bad_at: dict[str, Position] = {}
+    for table, topic in topics.items():
+        first = produce(connection, topic, [change(1, 1), change(1, 2, qty=TOO_BIG), change(1, 3), gone(1, 4)], table)
+        first += produce(connection, topic, [change(2, 5), change(2, 6), change(3, 7), change(4, 9)], table)
+        bad_at[table] = garbage(connection, topic, 3)
+        last = produce(connection, topic, [change(3, 8)], table)
+        log[table] = first + last
+        # Applied: key 1 up to its record too big for qty, key 3 up to the garbage, everything of keys 2 and 4.
+        applied[table] = [first[0], *first[4:]]
+
+    run_available_now(spark, cfg)
+    for table in topics:
+        assert_model(spark, cfg, table, applied[table])
+    held_reason = "held behind an earlier quarantined record of its key (on_poison = hold_key): "
+    held_reason += "replay or drop that record with ./replica quarantine"
+    found = {r.reason: r.records for r in reasons(spark, cfg)}
+    assert found == {
+        held_reason: 6,  # keys 1 (two changes) and 3 (one), in each table
+        "data does not match the table schema: qty (int)": 2,
+        "value is not a JSON object: not valid JSON (NaN, Infinity, single quotes, comments and leading zeros are "
+        "not JSON)": 2,
+    }, found
+
+    # Later changes of a held key are held too; other keys flow.
+    for table, topic in topics.items():
+        more = produce(connection, topic, [change(1, 11), change(4, 12), change(2, 13)], table)
+        log[table] += more
+        applied[table] += more[1:]
+    run_available_now(spark, cfg)
+    for table in topics:
+        assert_model(spark, cfg, table, applied[table])
+
+    # A replay refuses to run beside the replica: another process holds its checkpoint lock.
+    release_checkpoint(cfg)  # this process's runs took it
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(Path(cfg.checkpoint) / LOCK_FILE)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with pytest.raises(CheckpointError):
+            replay(spark, cfg, wait_s=0)
+    finally:
+        holder.communicate("", timeout=30)
+
+    # The fix: qty becomes BIGINT. The replay widens the column, applies key 1's records in log order and leaves
+    # key 3 held behind its garbage.
+    fixed = replica_config(tmp_path, bootstrap, "held", {t: {**spec, "schema": WIDER} for t, spec in tables.items()})
+    done = replay(spark, fixed)
+    assert (done.records, done.replayed) == (12, 8), done  # key 1's four records in each table
+    for table in topics:
+        applied[table] += [e for e in log[table] if e.change.key["order_id"] == 1]
+        assert_model(spark, fixed, table, applied[table])
+    assert {r.reason for r in done.still} == {held_reason, next(r for r in found if r.startswith("value"))}
+
+    # Dropping the garbage alone releases nothing yet: the record it held is replayed next.
+    for table in topics:
+        at = bad_at[table]
+        records = select(unresolved(spark, fixed), [table], [f"{at.topic}/{at.partition}/{at.offset}"])
+        resolve(spark, fixed, records, DROPPED, "the service sent a broken record; key 3 checked by hand")
+    done = replay(spark, fixed)
+    assert (done.records, done.replayed, done.still) == (2, 2, ()), done
+    for table in topics:
+        applied[table] += [e for e in log[table] if e.change.key["order_id"] == 3]
+        assert_model(spark, fixed, table, applied[table])
+    assert reasons(spark, fixed) == []
+
+    # A replay again applies nothing: no record, and no commit.
+    versions = {t: delta_table(spark, fixed.table(t).target).history(1).first()["version"] for t in topics}
+    assert replay(spark, fixed).records == 0
+    assert versions == {t: delta_table(spark, fixed.table(t).target).history(1).first()["version"] for t in topics}
+
+    # Released keys flow again, and the table is the model of the whole log but the dropped record.
+    for table, topic in topics.items():
+        log[table] += produce(connection, topic, [change(1, 20), change(3, 21), gone(2, 22)], table)
+    run_available_now(spark, fixed)
+    for table in topics:
+        assert_model(spark, fixed, table, log[table])
+
+
+def test_drop_needs_a_place_or_all() -> None:
+    with pytest.raises(SystemExit) as exited:
+        quarantine_job.main(["drop", "conf/orders_a.toml", "--reason", "x"])
+    assert exited.value.code == 2
