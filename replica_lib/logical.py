@@ -9,7 +9,6 @@ with no unit is refused (decoding quarantines it), and so is a value its column 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import reduce
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -218,4 +217,4 @@ def unavailable(fields: Sequence[T.StructField], data: Column) -> Column:
         else:
             continue
         checks.append(F.when(F.coalesce(hit, F.lit(False)), F.lit(field.name)))
-    return reduce(lambda a, b: F.concat_ws(", ", a, b), checks) if checks else F.lit("")
+    return F.concat_ws(", ", *checks) if checks else F.lit("")

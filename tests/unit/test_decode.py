@@ -826,6 +826,37 @@ def test_a_debezium_time_of_day_is_kept_as_its_text_by_its_logical_type(spark: S
     assert errors(changes_df) == [(o, "data does not match the table schema: note (string)") for o in (5, 6, 7)]
 
 
+def test_the_reason_names_each_column_debezium_sent_no_value_for(spark: SparkSession) -> None:
+    cfg = replica(
+        {
+            "events": {
+                "topic": "dbz",
+                "format": "debezium",
+                "keys": ["id"],
+                "schema": "id BIGINT, a STRING, b STRING, c STRING",
+            }
+        }
+    )
+    row = {"id": 1, "a": "kept", "b": "kept", "c": "kept"}
+    rows = [
+        record({"id": 1}, dbz("u", None, {**row, "c": "__debezium_unavailable_value"}), 0, "dbz"),
+        record(
+            {"id": 2},
+            dbz("u", None, {**row, "id": 2, "a": "__debezium_unavailable_value", "c": "__debezium_unavailable_value"}),
+            1,
+            "dbz",
+        ),
+    ]
+    reason = (
+        "('__debezium_unavailable_value': an unchanged TOASTed value; set REPLICA IDENTITY FULL on the source "
+        "table, see the README's Debezium settings)"
+    )
+    assert errors(decode_table(spark, cfg, rows, "events")) == [
+        (0, f"Debezium sent no value for c {reason}"),
+        (1, f"Debezium sent no value for a, c {reason}"),
+    ]
+
+
 def test_a_number_for_a_native_timestamp_has_no_unit_and_is_refused(spark: SparkSession) -> None:
     cfg = replica({"events": {"topic": "ev", "keys": ["id"], "schema": "id BIGINT, at TIMESTAMP, day DATE"}})
 
