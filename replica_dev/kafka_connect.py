@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Any
 
 from replica_dev import maven
-from replica_dev.embedded_kafka import _die_with, free_port
+from replica_dev.embedded_kafka import die_with, free_port
 from replica_lib.errors import ConnectError
 
 logger = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ class KafkaConnect:
         ]
         out = (self.data_dir / "connect.out").open("ab")
         self._proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with(os.getpid())
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with(os.getpid())
         )
         out.close()
         try:

@@ -27,14 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from replica_dev.embedded_kafka import free_port
+from replica_dev.embedded_kafka import die_with, free_port
 from replica_lib.errors import SetupError
 
 logger = logging.getLogger(__name__)
 
 _DEBIAN_ROOT = Path("/usr/lib/postgresql")
 _INSTALL = "install PostgreSQL (apt-get install postgresql)"
-_PR_SET_PDEATHSIG = 1
 #: The line of ``postmaster.pid`` that says the server accepts connections (what ``pg_ctl -w`` waits for).
 _PID_FILE_STATUS_LINE = 7
 #: Settings for a disposable server: logical decoding for Debezium, no durability, a small footprint.
@@ -108,16 +107,6 @@ def _server_user() -> pwd.struct_passwd | None:
     )
 
 
-def _die_with(parent_pid: int) -> None:  # pragma: no cover - runs in the child between fork and exec
-    """In the child, after it took the server user's identity (which clears the death signal): die with the parent."""
-    import ctypes
-
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 class EmbeddedPostgres:
     """One PostgreSQL server with its data in a new temporary folder; a context manager for tests.
 
@@ -186,7 +175,7 @@ class EmbeddedPostgres:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
-            preexec_fn=lambda: _die_with(parent),
+            preexec_fn=die_with(parent),  # runs after the switch to the server user, which clears the signal
             user=uid,
             group=gid,
             extra_groups=groups,
