@@ -146,7 +146,7 @@ def _accepts_connections(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _die_with(parent_pid: int) -> Callable[[], None]:
+def die_with(parent_pid: int) -> Callable[[], None]:
     """A ``preexec_fn``: the child gets SIGKILL when ``parent_pid`` dies (Linux ``PR_SET_PDEATHSIG``)."""
 
     def arm() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -332,7 +332,7 @@ class EmbeddedKafka:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=detach,
-            preexec_fn=None if detach else _die_with(os.getpid()),
+            preexec_fn=None if detach else die_with(os.getpid()),
         )
         out.close()
         self._write_state(detach)

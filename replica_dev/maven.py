@@ -35,6 +35,17 @@ BROKER_PACKAGES: tuple[str, ...] = (
     "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3",
 )
 
+#: Kafka Connect for the Debezium tests: the worker runtime (of the broker's version) and its JSON converter.
+CONNECT_PACKAGES: tuple[str, ...] = (
+    f"org.apache.kafka:connect-runtime:{KAFKA_BROKER_VERSION}",
+    f"org.apache.kafka:connect-json:{KAFKA_BROKER_VERSION}",
+    "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3",
+)
+DEBEZIUM_VERSION = "3.6.1.Final"
+#: Debezium's PostgreSQL connector, a Connect plugin: it goes on the worker's ``plugin.path``, in a class loader of
+#: its own, so that the Kafka client it was built with (newer than the worker's) stays out of the worker's way.
+DEBEZIUM_POSTGRES_PACKAGES: tuple[str, ...] = (f"io.debezium:debezium-connector-postgres:{DEBEZIUM_VERSION}",)
+
 RESOURCES = Path(__file__).resolve().parent / "resources"
 MIN_JAVA = 17
 _RESOLVE_TIMEOUT_S = 900

@@ -441,7 +441,10 @@ def _typed_key_and_data(mine_df: DataFrame, env_df: DataFrame, schema: TableSche
     bad_columns = F.concat_ws(
         ", ",
         *[
-            F.when(_mistyped(f, data_struct, data_strict), _bad_column(f, _connect(env_df, schema)))
+            F.when(
+                _mistyped(f, data_struct, data_strict, _connect(env_df, schema)),
+                _bad_column(f, _connect(env_df, schema)),
+            )
             for f in schema.data.fields
         ],
     )
@@ -455,6 +458,7 @@ def _typed_key_and_data(mine_df: DataFrame, env_df: DataFrame, schema: TableSche
             data_struct[f.name].isNull() & logical.wire(f.name).isNotNull()  # not converted by its logical type
             for f in schema.data.fields
             if logical.is_temporal_or_decimal(f.dataType)
+            or (schema.table.format == "debezium" and isinstance(f.dataType, T.StringType))  # a time of day
         ],
         data_struct["_corrupt"].isNotNull(),
     )
@@ -553,13 +557,15 @@ def _data(env_df: DataFrame, schema: TableSchema) -> Column:
     """
     special = [f for f in schema.data.fields if logical.is_temporal_or_decimal(f.dataType)]
     connect = _connect(env_df, schema)
-    if connect is not None and special:
+    # A Debezium STRING column may also hold a time of day, which arrives as a count in the unit of its logical type.
+    by_schema = [f for f in schema.data.fields if f in special or isinstance(f.dataType, T.StringType)]
+    if connect is not None and by_schema:
         as_text = T.StructType(
-            [T.StructField(f.name, T.StringType()) if f in special else f for f in schema.data.fields]
+            [T.StructField(f.name, T.StringType()) if f in by_schema else f for f in schema.data.fields]
         )
         text = F.from_json(F.col("_data_json"), _with_corrupt(as_text), _PERMISSIVE)
         values = [
-            (logical.from_text(f, text[f.name], connect) if f in special else text[f.name]).alias(f.name)
+            (logical.from_text(f, text[f.name], connect) if f in by_schema else text[f.name]).alias(f.name)
             for f in schema.data.fields
         ]
         return F.struct(*values, text["_corrupt"].alias("_corrupt"))
@@ -636,13 +642,17 @@ def _infinite(value: Column) -> Column:
     return value.isin(float("inf"), float("-inf"))
 
 
-def _mistyped(field: T.StructField, data_struct: Column, data_strict: Column) -> Column:
+def _mistyped(field: T.StructField, data_struct: Column, data_strict: Column, connect: Column | None) -> Column:
     """Whether the data's value for ``field`` does not have the column's type (Spark read it as null, turned a
-    non-string into a STRING, or overflowed a floating column to infinity)."""
+    non-string into a STRING other than a time of day its schema gives a unit, or overflowed a floating column to
+    infinity)."""
     value = data_struct[field.name]
     present = F.get_json_object(F.col("_data_json"), f"$.{field.name}").isNotNull()
     if isinstance(field.dataType, T.StringType):
-        return (present & value.isNull()) | (_looks_coerced(value) & _not_string(data_strict, f"$['{field.name}']"))
+        coerced = _looks_coerced(value) & _not_string(data_strict, f"$['{field.name}']")
+        if connect is not None:
+            coerced = coerced & ~logical.is_time(field.name, connect)
+        return (present & value.isNull()) | coerced
     if _is_floating(field.dataType):
         return (present & value.isNull()) | _infinite(value)
     return present & value.isNull()

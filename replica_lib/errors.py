@@ -26,6 +26,10 @@ class BrokerError(ReplicaError):
     """The embedded Kafka broker failed to start, stop or answer."""
 
 
+class ConnectError(ReplicaError):
+    """The local Kafka Connect worker failed to start or answer, or a connector on it failed."""
+
+
 class ProducerError(ReplicaError):
     """A change event could not be written to Kafka; nothing is ever dropped silently."""
 

@@ -9,7 +9,6 @@ with no unit is refused (decoding quarantines it), and so is a value its column 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import reduce
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -28,6 +27,13 @@ _MILLIS = ("io.debezium.time.Timestamp", "org.apache.kafka.connect.data.Timestam
 _MICROS = "io.debezium.time.MicroTimestamp"
 _NANOS = "io.debezium.time.NanoTimestamp"
 _DAYS = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")
+#: Times of day (PostgreSQL's ``time``): milliseconds (an int32), micro- or nanoseconds since midnight.
+_TIME_MILLIS = ("io.debezium.time.Time", "org.apache.kafka.connect.data.Time")
+_TIME_MICROS = "io.debezium.time.MicroTime"
+_TIME_NANOS = "io.debezium.time.NanoTime"
+_TIMES = (*_TIME_MILLIS, _TIME_MICROS, _TIME_NANOS)
+#: PostgreSQL's times run from 00:00:00 to 24:00:00 inclusive.
+_MAX_TIME_MICROS = 86_400_000_000
 _DECIMAL = "org.apache.kafka.connect.data.Decimal"
 _VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
 # Spark's timestamps run from 0001-01-01 to 9999-12-31: microseconds from the epoch, and days.
@@ -55,6 +61,11 @@ def field_schema(name: str, fields: Column) -> Column:
 def is_temporal_or_decimal(data_type: T.DataType) -> bool:
     """Whether a column's values may need a unit or an encoding from the record's schema."""
     return isinstance(data_type, (T.TimestampType, T.TimestampNTZType, T.DateType, T.DecimalType))
+
+
+def is_time(name: str, fields: Column) -> Column:
+    """Whether a record's schema (``fields``) gives column ``name`` a time-of-day logical type."""
+    return F.coalesce(field_schema(name, fields)["name"].isin(*_TIMES), F.lit(False))
 
 
 def is_timestamp(data_type: T.DataType) -> bool:
@@ -111,6 +122,13 @@ def _by_logical_type(
     if isinstance(data_type, T.DateType):
         days = F.when(count.between(_MIN_DAYS, _MAX_DAYS), count.cast("int"))
         return name.isin(*_DAYS), F.date_add(F.lit("1970-01-01").cast("date"), days)
+    if isinstance(data_type, T.StringType):  # Delta has no TIME type: a time of day is kept as its text
+        micros = (
+            F.when(name.isin(*_TIME_MILLIS), F.try_multiply(count, F.lit(1000)))
+            .when(name == _TIME_MICROS, count)
+            .when(name == _TIME_NANOS, _exact_div(count, 1000))
+        )
+        return name.isin(*_TIMES), F.when(micros.between(0, _MAX_TIME_MICROS), _time_text(micros))
     if isinstance(data_type, T.DecimalType):
         scale = F.try_element_at(parameters, F.lit("scale")).try_cast("int")
         fixed = _decimal(F.try_to_binary(text, F.lit("base64")), scale, data_type)
@@ -121,6 +139,19 @@ def _by_logical_type(
         )
         return name.isin(_DECIMAL, _VARIABLE_DECIMAL), F.when(name == _DECIMAL, fixed).otherwise(variable)
     return None
+
+
+def _time_text(micros: Column) -> Column:
+    """Microseconds since midnight as ``HH:MM:SS.ffffff`` (always six fraction digits, so the text sorts as the time
+    does; ``CAST(... AS TIME)`` reads it where Spark has TIME)."""
+    seconds = F.floor(micros / 1_000_000)
+    return F.format_string(
+        "%02d:%02d:%02d.%06d",
+        F.floor(seconds / 3600),
+        F.floor(seconds / 60) % 60,
+        seconds % 60,
+        micros % 1_000_000,
+    )
 
 
 def _exact_div(count: Column, by: int) -> Column:
@@ -186,4 +217,4 @@ def unavailable(fields: Sequence[T.StructField], data: Column) -> Column:
         else:
             continue
         checks.append(F.when(F.coalesce(hit, F.lit(False)), F.lit(field.name)))
-    return reduce(lambda a, b: F.concat_ws(", ", a, b), checks) if checks else F.lit("")
+    return F.concat_ws(", ", *checks) if checks else F.lit("")

@@ -796,6 +796,67 @@ def test_debezium_values_are_converted_by_their_logical_type_and_never_guessed(s
     assert (str(got[5]["price"]), str(got[6]["price"])) == ("-0.05", "123.45")
 
 
+def test_a_debezium_time_of_day_is_kept_as_its_text_by_its_logical_type(spark: SparkSession) -> None:
+    cfg = replica(
+        {"events": {"topic": "dbz", "format": "debezium", "keys": ["id"], "schema": "id BIGINT, note STRING"}}
+    )
+    at = 12 * 3_600_000_000 + 34 * 60_000_000 + 56_789_012  # 12:34:56.789012 in microseconds
+    micro, millis = ("int64", "io.debezium.time.MicroTime", None), ("int32", "io.debezium.time.Time", None)
+    nanos = ("int64", "io.debezium.time.NanoTime", None)
+
+    def change(i: int, note: Any, unit: tuple[str, str | None, dict[str, str] | None] | None) -> RawRow:
+        payload = dbz("c", None, {"id": i, "note": note})
+        return record({"id": i}, with_schema(payload, note=unit) if unit else payload, i - 1, "dbz")
+
+    rows = [
+        change(1, at, micro),
+        change(2, at // 1000, millis),
+        change(3, at * 1000, nanos),
+        change(4, 86_400_000_000, micro),  # PostgreSQL's 24:00:00
+        change(5, "12:00", ("string", None, None)),  # a plain string is kept as it is
+        # Refused: finer than microseconds, outside a day, a number with no time unit.
+        change(6, at * 1000 + 1, nanos),
+        change(7, -1, micro),
+        change(8, at, ("int64", None, None)),
+    ]
+    changes_df = decode_table(spark, cfg, rows, "events")
+
+    got = {r["id"]: r["note"] for r in decode.valid(changes_df).select("id", "note").collect()}
+    assert got == {1: "12:34:56.789012", 2: "12:34:56.789000", 3: "12:34:56.789012", 4: "24:00:00.000000", 5: "12:00"}
+    assert errors(changes_df) == [(o, "data does not match the table schema: note (string)") for o in (5, 6, 7)]
+
+
+def test_the_reason_names_each_column_debezium_sent_no_value_for(spark: SparkSession) -> None:
+    cfg = replica(
+        {
+            "events": {
+                "topic": "dbz",
+                "format": "debezium",
+                "keys": ["id"],
+                "schema": "id BIGINT, a STRING, b STRING, c STRING",
+            }
+        }
+    )
+    row = {"id": 1, "a": "kept", "b": "kept", "c": "kept"}
+    rows = [
+        record({"id": 1}, dbz("u", None, {**row, "c": "__debezium_unavailable_value"}), 0, "dbz"),
+        record(
+            {"id": 2},
+            dbz("u", None, {**row, "id": 2, "a": "__debezium_unavailable_value", "c": "__debezium_unavailable_value"}),
+            1,
+            "dbz",
+        ),
+    ]
+    reason = (
+        "('__debezium_unavailable_value': an unchanged TOASTed value; set REPLICA IDENTITY FULL on the source "
+        "table, see the README's Debezium settings)"
+    )
+    assert errors(decode_table(spark, cfg, rows, "events")) == [
+        (0, f"Debezium sent no value for c {reason}"),
+        (1, f"Debezium sent no value for a, c {reason}"),
+    ]
+
+
 def test_a_number_for_a_native_timestamp_has_no_unit_and_is_refused(spark: SparkSession) -> None:
     cfg = replica({"events": {"topic": "ev", "keys": ["id"], "schema": "id BIGINT, at TIMESTAMP, day DATE"}})
 
