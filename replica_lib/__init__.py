@@ -23,8 +23,10 @@ if TYPE_CHECKING:
     from replica_lib.errors import ReplicaError
     from replica_lib.maintenance import maintain
     from replica_lib.producer import Change, ChangeProducer, Delivery, Position, ProducerSettings
+    from replica_lib.quarantine import reasons
     from replica_lib.reads import Snapshot, freshest, wait_for
     from replica_lib.rebuild import rebuild
+    from replica_lib.replay import replay
     from replica_lib.session import build_session
     from replica_lib.status import replica_status
     from replica_lib.stream import run_replica, start_replica
@@ -45,6 +47,8 @@ _WHERE = {
     "Delivery": "producer",
     "Position": "producer",
     "ProducerSettings": "producer",
+    "reasons": "quarantine",
+    "replay": "replay",
     "Snapshot": "reads",
     "freshest": "reads",
     "wait_for": "reads",
@@ -78,7 +82,9 @@ __all__ = [
     "load_replica",
     "local_settings",
     "maintain",
+    "reasons",
     "rebuild",
+    "replay",
     "replica_status",
     "run_replica",
     "start_replica",

@@ -30,6 +30,7 @@ from replica_lib.layout import read_state
 from replica_lib.merge import delta_table
 from replica_lib.metrics import late_counts
 from replica_lib.progress import newest_commit
+from replica_lib.quarantine import unresolved
 from replica_lib.target import applied_target, read_table, table_exists, tombstone_target
 from replica_lib.topics import TopicAdmin
 
@@ -67,7 +68,7 @@ class TableStatus:
     partitions: tuple[PartitionLag, ...]
     version: int | None = None  # the table's latest Delta version
     rows: int | None = None
-    quarantined: int | None = None  # the replica's quarantined records that name this table
+    quarantined: int | None = None  # the replica's unresolved quarantined records that name this table
     batch_id: int | None = None  # of the table's newest replica commit
     last_commit_s: float | None = None  # when that commit was made (seconds since the epoch)
     newest_event_s: float | None = None  # the newest event time among the table's rows and retained deletes
@@ -231,10 +232,11 @@ def _read_table(spark: SparkSession, cfg: ReplicaConfig, table: TableConfig) -> 
         events.append(read_table(spark, deletes).agg(event_s).first()[0])  # type: ignore[index]
     version_row = delta_table(spark, table.target).history(1).select("version").first()
     commit = newest_commit(spark, applied_target(table), cfg.name)
+    records = unresolved(spark, cfg)  # replayed and dropped records no longer count
     quarantined = None
-    if table_exists(spark, cfg.quarantine):
+    if records is not None:
         mine = (F.col("replica") == cfg.name) & (F.col("table") == table.name)
-        quarantined = read_table(spark, cfg.quarantine).where(mine).count()
+        quarantined = records.where(mine).count()
     known = [e for e in events if e is not None]
     return {
         "version": None if version_row is None else int(version_row["version"]),
