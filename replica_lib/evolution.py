@@ -59,7 +59,21 @@ _CONNECT_LOGICAL: dict[str, T.DataType] = {
         )
     },
 }
+_CONNECT_LOGICAL.update(
+    {  # a time of day: kept as its text (Delta has no TIME type; replica_lib.logical reads it so)
+        name: T.StringType()
+        for name in (
+            "io.debezium.time.Time",
+            "org.apache.kafka.connect.data.Time",
+            "io.debezium.time.MicroTime",
+            "io.debezium.time.NanoTime",
+        )
+    }
+)
 _CONNECT_DECIMAL = "org.apache.kafka.connect.data.Decimal"
+#: A Connect type no column is inferred for: a field of another logical type is a number or bytes in a unit or
+#: encoding only its schema knows, so it is counted, never guessed.
+_UNTYPED = T.NullType()
 
 
 def observations(schema: TableSchema) -> list[Column]:
@@ -103,10 +117,12 @@ def new_fields(schema: TableSchema, observed: Mapping[str, Any]) -> NewFields:
             continue  # the table keeps only the columns it lists
         elif not _PLAIN_NAME.match(name):
             counted.append((name, "its name is not a plain column name: declare it under another name"))
+        elif name in connect and connect[name] == _UNTYPED:
+            counted.append((name, "its Connect logical type has no column type here: declare it in the schema"))
         elif name in connect:
             addable.append(T.StructField(name, connect[name], True))
-        elif json_type in _JSON_TYPES:
-            addable.append(T.StructField(name, _JSON_TYPES[json_type], True))
+        elif json_type in _JSON_TYPES or json_type.startswith("DECIMAL("):  # 1.5 is a DECIMAL(2,1) to a variant
+            addable.append(T.StructField(name, _JSON_TYPES.get(json_type, T.DoubleType()), True))
         else:
             counted.append((name, f"its values are {json_type.split('<')[0].lower()}: declare its type in the schema"))
     return NewFields(tuple(addable), tuple(counted))
@@ -155,6 +171,10 @@ def _connect_types(fields: Any) -> dict[str, T.DataType]:
             types[name] = T.DecimalType(max(int(precision) if str(precision).isdigit() else 38, scale), scale)
         elif logical_name is None and kind in _CONNECT_TYPES:
             types[name] = _CONNECT_TYPES[kind]
+        elif kind == "string":  # a logical type carried as text (Json, Uuid, Enum, ...)
+            types[name] = T.StringType()
+        else:
+            types[name] = _UNTYPED
     return types
 
 

@@ -98,15 +98,15 @@ def test_new_fields_become_columns_mid_stream_on_both_layouts(
     for table in log:
         assert_model(spark, cfg, table, log[table])
 
-    # Then, in one run: plain changes, then changes with new fields (a string, an integer, an object), then
-    # changes without them again: a row whose last change has no note reads null.
+    # Then, in one run: plain changes, then changes with new fields (a string, an integer, a fraction, an object),
+    # then changes without them again: a row whose last change has no note reads null.
     stats: list[BatchStats] = []
     for table in log:
         newer: list[Change] = plain(40)
         for _ in range(40):
             seq += 1
             key = rng.randint(1, 15)
-            newer.append(change(key, seq, note=f"n{seq}", qty=seq * 1_000_000_000, meta={"x": seq}))
+            newer.append(change(key, seq, note=f"n{seq}", qty=seq * 1_000_000_000, rate=seq / 4, meta={"x": seq}))
         newer += plain(20)
         write(table, newer)
     stats = run(spark, cfg)
@@ -114,7 +114,7 @@ def test_new_fields_become_columns_mid_stream_on_both_layouts(
     for table in log:
         assert_model(spark, cfg, table, log[table])
         columns = user_columns(spark, cfg, table)
-        assert columns[5:7] == [("note", "string"), ("qty", "bigint")], columns  # before the provenance
+        assert columns[5:8] == [("note", "string"), ("qty", "bigint"), ("rate", "double")], columns
         assert ("meta", "struct<x:bigint>") not in columns and "meta" not in dict(columns)
         assert "ADD COLUMNS" in operations(spark, cfg, table)
     # The object field is not a column: the records that carried it are counted, by field.

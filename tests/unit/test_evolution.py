@@ -32,7 +32,8 @@ def test_the_fields_of_a_merged_variant_schema_are_read_at_the_top_level_only() 
 
 
 def test_new_fields_are_typed_by_their_json_values_or_counted() -> None:
-    fields = "OBJECT<id: BIGINT, Name: STRING, note: STRING, n: BIGINT, ok: BOOLEAN, x: DOUBLE, nul: VOID, "
+    fields = "OBJECT<id: BIGINT, Name: STRING, note: STRING, n: BIGINT, ok: BOOLEAN, x: DOUBLE, y: DECIMAL(3,1), "
+    fields += "nul: VOID, "
     fields += "o: OBJECT<z: BIGINT>, `a b`: STRING, mixed: VARIANT>"
     found = new_fields(schema_of(), {"fields": fields})
     assert [(f.name, f.dataType) for f in found.addable] == [
@@ -40,6 +41,7 @@ def test_new_fields_are_typed_by_their_json_values_or_counted() -> None:
         ("n", T.LongType()),
         ("ok", T.BooleanType()),
         ("x", T.DoubleType()),
+        ("y", T.DoubleType()),
     ]
     assert [name for name, _ in found.counted] == ["o", "a b", "mixed"]  # `Name` is `name`: not new
     strict = new_fields(schema_of(schema_evolution="strict"), {"fields": fields})
@@ -59,15 +61,22 @@ def test_a_debezium_field_takes_its_type_from_the_connect_schema() -> None:
             "parameters": {"scale": "2", "connect.decimal.precision": "12"},
         },
         {"field": "small", "type": "int16", "name": None, "parameters": None},
+        {"field": "clock", "type": "int64", "name": "io.debezium.time.MicroTime", "parameters": None},
+        {"field": "doc", "type": "string", "name": "io.debezium.data.Json", "parameters": None},
+        {"field": "span", "type": "float64", "name": "io.debezium.time.MicroDuration", "parameters": None},
     ]
-    fields = "OBJECT<born: BIGINT, at: BIGINT, cost: STRING, small: BIGINT>"
+    fields = "OBJECT<born: BIGINT, at: BIGINT, cost: STRING, small: BIGINT, clock: BIGINT, doc: STRING, "
+    fields += "span: DOUBLE>"
     found = new_fields(schema_of(format="debezium"), {"fields": fields, "connect": connect})
     assert [(f.name, f.dataType) for f in found.addable] == [
         ("born", T.DateType()),
         ("at", T.TimestampType()),
         ("cost", T.DecimalType(12, 2)),
         ("small", T.ShortType()),
+        ("clock", T.StringType()),
+        ("doc", T.StringType()),
     ]
+    assert [name for name, _ in found.counted] == ["span"]  # a unit only its schema knows: never guessed
 
 
 def test_widening_is_only_what_keeps_every_value() -> None:
