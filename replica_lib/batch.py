@@ -361,12 +361,12 @@ class BatchHandler:
         """Add the new fields of the batch's records to their ``add_columns`` tables; whether any was added."""
         added = False
         for table in self.cfg.tables:
-            fields = summaries[table.name].new_fields.addable
-            if not fields:
+            new = summaries[table.name].new_fields
+            if not (new.addable or new.widened):
                 continue
-            schema = with_new_fields(self.schemas[table.name], fields)
-            why = f"new in the records of batch {batch.batch_id}"
-            evolve_table(batch.spark, schema, Evolution(added=fields), self.cfg.name, why)
+            schema = with_new_fields(self.schemas[table.name], new.addable, new.widened)
+            why = f"from the records of batch {batch.batch_id}"
+            evolve_table(batch.spark, schema, Evolution(new.addable, new.widened), self.cfg.name, why)
             self.schemas[table.name] = schema
             added = True
         return added

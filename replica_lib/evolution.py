@@ -22,7 +22,7 @@ from pyspark.sql import types as T
 
 from replica_lib import logical
 from replica_lib.config import ADD_COLUMNS
-from replica_lib.target import TableSchema
+from replica_lib.target import TableSchema, widens
 
 #: Names a new column may have (Delta without column mapping refuses spaces and punctuation in names).
 _PLAIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -76,14 +76,31 @@ _CONNECT_DECIMAL = "org.apache.kafka.connect.data.Decimal"
 _UNTYPED = T.NullType()
 
 
+#: Integer columns a value may outgrow, smallest first: a value beyond one widens its column to the next that
+#: holds it (Delta's type widening), under ``add_columns``.
+_NARROW_INTEGERS: tuple[tuple[T.DataType, int], ...] = (
+    (T.ByteType(), 2**7),
+    (T.ShortType(), 2**15),
+    (T.IntegerType(), 2**31),
+)
+
+
 def observations(schema: TableSchema) -> list[Column]:
-    """Aggregates for the batch's counting job: the merged schema of the valid upserts' row images (``fields``)
-    and, for Debezium, the Connect field schemas of the newest record that has them (``connect``)."""
+    """Aggregates for the batch's counting job: the merged schema of the valid upserts' row images (``fields``);
+    for Debezium, the Connect field schemas of the newest record that has them (``connect``); for each column of
+    a narrow integer type of an ``add_columns`` table, the smallest and greatest value sent (``min:c``, ``max:c``:
+    a value its column cannot hold is rejected, so all upserts count here)."""
     ok_upsert = F.col("_error").isNull() & (F.col("_op") == "upsert")
     aggregates = [F.schema_of_variant_agg(F.when(ok_upsert, F.col("_row"))).alias("fields")]
     if schema.table.format == "debezium":
         connect = F.col(logical.CONNECT_FIELDS)
         aggregates.append(F.max_by(connect, F.when(connect.isNotNull(), F.col("_offset"))).alias("connect"))
+    elif schema.table.schema_evolution == ADD_COLUMNS:
+        narrow = [t for t, _ in _NARROW_INTEGERS]
+        for f in schema.kept.fields:
+            if f.dataType in narrow and f.name not in schema.table.keys:
+                value = F.try_variant_get(F.col("_row"), _path(f.name), "decimal(38,0)")
+                aggregates += [F.min(value).alias(f"min:{f.name}"), F.max(value).alias(f"max:{f.name}")]
     return aggregates
 
 
@@ -93,9 +110,10 @@ class NewFields:
 
     addable: tuple[T.StructField, ...] = ()  # to add as columns (an ``add_columns`` table)
     counted: tuple[tuple[str, str], ...] = ()  # (field, why it is not a column) to count
+    widened: tuple[tuple[str, T.DataType], ...] = ()  # columns to widen (an ``add_columns`` table)
 
     def __bool__(self) -> bool:
-        return bool(self.addable or self.counted)
+        return bool(self.addable or self.counted or self.widened)
 
 
 def new_fields(schema: TableSchema, observed: Mapping[str, Any]) -> NewFields:
@@ -125,7 +143,30 @@ def new_fields(schema: TableSchema, observed: Mapping[str, Any]) -> NewFields:
             addable.append(T.StructField(name, _JSON_TYPES.get(json_type, T.DoubleType()), True))
         else:
             counted.append((name, f"its values are {json_type.split('<')[0].lower()}: declare its type in the schema"))
-    return NewFields(tuple(addable), tuple(counted))
+    widened = _widened(schema, observed, connect) if table.schema_evolution == ADD_COLUMNS else []
+    return NewFields(tuple(addable), tuple(counted), tuple(widened))
+
+
+def _widened(
+    schema: TableSchema, observed: Mapping[str, Any], connect: dict[str, T.DataType]
+) -> list[tuple[str, T.DataType]]:
+    """Columns whose values (or Debezium's Connect schema) need a wider type that holds every old value too."""
+    result: list[tuple[str, T.DataType]] = []
+    for f in schema.kept.fields:
+        if f.name in schema.table.keys:
+            continue  # a key column never changes type in place (its retained deletes have it too)
+        wider = connect.get(f.name)
+        if wider is not None and wider != _UNTYPED and widens(f.dataType, wider):
+            result.append((f.name, wider))
+            continue
+        low, high = observed.get(f"min:{f.name}"), observed.get(f"max:{f.name}")
+        if low is None or high is None:
+            continue
+        fits = [t for t, bound in _NARROW_INTEGERS if -bound <= int(low) and int(high) < bound]
+        target = fits[0] if fits else T.LongType()
+        if widens(f.dataType, target) and int(low) >= -(2**63) and int(high) < 2**63:
+            result.append((f.name, target))
+    return result
 
 
 def top_level_fields(text: str | None) -> list[tuple[str, str]]:
@@ -178,17 +219,27 @@ def _connect_types(fields: Any) -> dict[str, T.DataType]:
     return types
 
 
+def _path(name: str) -> str:
+    """The variant path of a top-level field (a name with both kinds of quote has none: null)."""
+    return f"$['{name}']" if "'" not in name else f'$["{name}"]'
+
+
 def counts(changes_df: DataFrame, names: Sequence[str]) -> dict[str, int]:
-    """How many valid upserts of ``changes_df`` carry each of ``names`` (a job: only when a batch has any)."""
+    """How many valid upserts of ``changes_df`` carry each of ``names`` (a job: only when a batch has any);
+    -1 for a name no variant path can spell (it holds both kinds of quote)."""
     ok_upsert = F.col("_error").isNull() & (F.col("_op") == "upsert")
+    spelled = [name for name in names if not ("'" in name and '"' in name)]
     row = (
         changes_df.where(ok_upsert)
         .select(
             *[
-                F.count_if(F.try_variant_get(F.col("_row"), f"$['{name}']", "variant").isNotNull()).alias(f"c{i}")
-                for i, name in enumerate(names)
+                F.count_if(F.try_variant_get(F.col("_row"), _path(name), "variant").isNotNull()).alias(f"c{i}")
+                for i, name in enumerate(spelled)
             ]
         )
         .first()
+        if spelled
+        else None
     )
-    return {name: int(row[f"c{i}"]) if row is not None else 0 for i, name in enumerate(names)}
+    found = {name: int(row[f"c{i}"]) if row is not None else 0 for i, name in enumerate(spelled)}
+    return {name: found.get(name, -1) for name in names}

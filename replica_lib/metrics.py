@@ -250,19 +250,41 @@ def late_counts(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, int] | Non
     Each batch counts once, however often its record was appended (a batch re-run after a crash). A metrics table
     from before ``late_tables`` existed counts from when it gained the column.
     """
+    sums = _map_sums(spark, cfg, "late_tables")
+    if sums is None:
+        return None
+    counts = {t.name: 0 for t in cfg.tables}
+    counts.update({name: n for name, n in sums.items() if name in counts})
+    return counts
+
+
+def unknown_field_counts(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, dict[str, int]] | None:
+    """Records that carried a field their table does not keep, by table and field, from the metrics table (None
+    when it keeps none); counted as :func:`late_counts` counts."""
+    sums = _map_sums(spark, cfg, "unknown_fields")
+    if sums is None:
+        return None
+    counts: dict[str, dict[str, int]] = {t.name: {} for t in cfg.tables}
+    for name, n in sums.items():
+        table, _, column = name.partition(".")
+        if table in counts:
+            counts[table][column] = n
+    return counts
+
+
+def _map_sums(spark: SparkSession, cfg: ReplicaConfig, column: str) -> dict[str, int] | None:
+    """The sums per key of a map column of the replica's metrics records, each batch once."""
     if cfg.metrics is None or not table_exists(spark, cfg.metrics):
         return None
     metrics_df = read_table(spark, cfg.metrics)
-    counts = {t.name: 0 for t in cfg.tables}
-    if "late_tables" not in metrics_df.columns:
-        return counts
+    if column not in metrics_df.columns:
+        return {}
     rows = (
         metrics_df.where(F.col("replica") == cfg.name)
-        .select("query_id", "batch_id", F.explode("late_tables").alias("table", "late"))
-        .dropDuplicates(["query_id", "batch_id", "table"])
-        .groupBy("table")
-        .agg(F.sum("late").alias("late"))
+        .select("query_id", "batch_id", F.explode(column).alias("name", "n"))
+        .dropDuplicates(["query_id", "batch_id", "name"])
+        .groupBy("name")
+        .agg(F.sum("n").alias("n"))
         .collect()
     )
-    counts.update({str(row["table"]): int(row["late"]) for row in rows if row["table"] in counts})
-    return counts
+    return {str(row["name"]): int(row["n"]) for row in rows}

@@ -28,7 +28,7 @@ from replica_lib.config import ReplicaConfig, TableConfig
 from replica_lib.errors import TopicError
 from replica_lib.layout import read_state
 from replica_lib.merge import delta_table
-from replica_lib.metrics import late_counts
+from replica_lib.metrics import late_counts, unknown_field_counts
 from replica_lib.progress import newest_commit
 from replica_lib.quarantine import unresolved
 from replica_lib.target import applied_target, read_table, table_exists, tombstone_target
@@ -73,6 +73,8 @@ class TableStatus:
     last_commit_s: float | None = None  # when that commit was made (seconds since the epoch)
     newest_event_s: float | None = None  # the newest event time among the table's rows and retained deletes
     late: int | None = None  # late changes the replica counted for this table (None: it keeps no metrics table)
+    #: Records that carried a field the table does not keep, by field (from the metrics table; empty without one).
+    fields_not_kept: dict[str, int] = field(default_factory=dict)
     problems: tuple[str, ...] = ()  # what could not be read
     unhealthy: tuple[str, ...] = ()  # why the table is unhealthy; empty when healthy
 
@@ -138,6 +140,7 @@ class ReplicaStatus:
                     "newest_event_at": _iso(t.newest_event_s),
                     "event_age_s": _round(self.age_s(t.newest_event_s)),
                     "late_changes": t.late,
+                    "fields_not_kept": t.fields_not_kept,
                 }
                 for t in self.tables
             ],
@@ -175,20 +178,29 @@ def replica_status(
             except TopicError as exc:
                 logs[topic] = str(exc)
     checked_s = time.time()
-    late = _late_counts(spark, cfg)
+    late, unknown = _metrics_counts(spark, cfg)
     tables = tuple(
-        judge(replace(_table_status(spark, cfg, t, logs.get(t.topic)), late=late.get(t.name)), thresholds, checked_s)
+        judge(
+            replace(
+                _table_status(spark, cfg, t, logs.get(t.topic)),
+                late=late.get(t.name),
+                fields_not_kept=unknown.get(t.name, {}),
+            ),
+            thresholds,
+            checked_s,
+        )
         for t in cfg.tables
     )
     return ReplicaStatus(cfg.name, cfg.source_file, checked_s, thresholds, tables, problems)
 
 
-def _late_counts(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, int]:
-    """Late changes by table from the replica's metrics table; empty when it keeps none or it cannot be read."""
+def _metrics_counts(spark: SparkSession, cfg: ReplicaConfig) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """Late changes, and records with fields not kept, by table from the replica's metrics table; empty when it
+    keeps none or it cannot be read."""
     try:
-        return late_counts(spark, cfg) or {}
+        return late_counts(spark, cfg) or {}, unknown_field_counts(spark, cfg) or {}
     except (AnalysisException, Py4JJavaError):
-        return {}
+        return {}, {}
 
 
 def _table_status(
@@ -341,6 +353,12 @@ def render(statuses: Sequence[ReplicaStatus], partitions: bool = False) -> str:
                     for p in t.partitions
                 )
             notes.extend(f"{status.replica}.{t.table}: {reason}" for reason in t.unhealthy)
+            if t.fields_not_kept:
+                fields = ", ".join(f"{name} ({n} records)" for name, n in sorted(t.fields_not_kept.items()))
+                notes.append(
+                    f"{status.replica}.{t.table}: fields the table does not keep were sent: {fields}; declare them in "
+                    "the schema to keep them (see the README's Schema evolution)"
+                )
             if t.late:
                 notes.append(
                     f"{status.replica}.{t.table}: {t.late} late changes seen (a lower seq written after a higher one "

@@ -366,18 +366,23 @@ def plan_evolution(existing: T.StructType, declared: TableSchema, source_file: s
     """The table's schema after bringing an existing table's own columns (``existing``) to the declared ones.
 
     Declared columns the table lacks are added and declared wider types widen the table's; the table's columns
-    that the config does not declare (added from the data by ``schema_evolution = "add_columns"``) stay, unless the
-    table is ``strict``. Anything else (a narrower or other type, a key column's type, a declared column excluded
-    now) cannot be done in place: :class:`ConfigError` says so.
+    that the config does not declare, or has wider (added or widened from the data by ``schema_evolution =
+    "add_columns"``), stay as the table has them, unless the table is ``strict``. Anything else (a narrower or
+    other type, a key column's type, a declared column excluded now) cannot be done in place: :class:`ConfigError`
+    says so.
     """
     table = declared.table
     have = {f.name: f for f in existing.fields}
     where = f"tables.{table.name}.schema"
     rebuild = "rebuild the replica (./replica rebuild … --swap) or restore the config's schema"
     widened = []
+    kept_wider: dict[str, T.DataType] = {}  # widened from the data before: the table's type stays
     for f in declared.kept.fields:
         old = have.get(f.name)
         if old is None or old.dataType == f.dataType:
+            continue
+        if table.schema_evolution != STRICT and f.name not in table.keys and widens(f.dataType, old.dataType):
+            kept_wider[f.name] = old.dataType
             continue
         if f.name in table.keys or not widens(old.dataType, f.dataType):
             raise ConfigError(
@@ -406,14 +411,23 @@ def plan_evolution(existing: T.StructType, declared: TableSchema, source_file: s
     order = [f.name for f in existing.fields] + [f.name for f in added]
     by_name = {f.name: f for f in data.fields}
     schema = replace(declared, data=data, kept=T.StructType([by_name[n] for n in order]))
-    return schema, Evolution(added, tuple(widened))
+    return with_new_fields(schema, (), tuple(kept_wider.items())), Evolution(added, tuple(widened))
 
 
-def with_new_fields(schema: TableSchema, fields: Sequence[T.StructField]) -> TableSchema:
-    """``schema`` with columns added from the data (nullable, after the table's own columns)."""
+def with_new_fields(
+    schema: TableSchema, fields: Sequence[T.StructField], widened: Sequence[tuple[str, T.DataType]] = ()
+) -> TableSchema:
+    """``schema`` with columns added from the data (nullable, after the table's own columns) and types widened."""
     added = [T.StructField(f.name, f.dataType, True) for f in fields]
+    wider = dict(widened)
+
+    def typed(columns: Sequence[T.StructField]) -> list[T.StructField]:
+        return [T.StructField(f.name, wider.get(f.name, f.dataType), f.nullable, f.metadata) for f in columns]
+
     return replace(
-        schema, data=T.StructType([*schema.data.fields, *added]), kept=T.StructType([*schema.kept.fields, *added])
+        schema,
+        data=T.StructType([*typed(schema.data.fields), *added]),
+        kept=T.StructType([*typed(schema.kept.fields), *added]),
     )
 
 

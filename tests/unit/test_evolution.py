@@ -103,6 +103,10 @@ def test_a_config_change_plans_added_and_widened_columns_and_keeps_columns_added
     assert evolution.widened == (("qty", T.IntegerType()),)
     assert schema.kept.fieldNames() == ["id", "name", "qty", "price", "note", "city"]
     assert "note" in schema.data.fieldNames()
+    # A column widened from the data earlier keeps its wider type (the config need not follow).
+    wider = existing("id BIGINT, name STRING, qty BIGINT, price DECIMAL(10,2)")
+    schema, evolution = plan_evolution(wider, schema_of(), "t.toml")
+    assert not evolution and schema.data["qty"].dataType == T.LongType() == schema.kept["qty"].dataType
 
 
 @pytest.mark.parametrize(
@@ -110,8 +114,14 @@ def test_a_config_change_plans_added_and_widened_columns_and_keeps_columns_added
     [
         (
             "id BIGINT, name STRING, qty INT, price DECIMAL(10,2)",
-            "id BIGINT, name STRING, qty SMALLINT, price DECIMAL(10,2)",
+            "id BIGINT, name STRING, qty STRING, price DECIMAL(10,2)",
             "add_columns",
+            "qty",
+        ),
+        (
+            "id BIGINT, name STRING, qty INT, price DECIMAL(10,2)",
+            "id BIGINT, name STRING, qty SMALLINT, price DECIMAL(10,2)",
+            "strict",
             "qty",
         ),
         ("id INT, name STRING, qty INT, price DECIMAL(10,2)", SCHEMA, "add_columns", "id"),
@@ -124,3 +134,15 @@ def test_what_cannot_be_done_in_place_is_refused_naming_the_column(
     with pytest.raises(ConfigError) as refused:
         plan_evolution(existing(table_ddl), schema_of(declared_ddl, schema_evolution=evolution), "t.toml")
     assert names in str(refused.value) and "t.toml" in str(refused.value)
+
+
+def test_values_beyond_a_narrow_integer_column_widen_it_to_the_next_that_holds_them() -> None:
+    schema = schema_of("id BIGINT, name STRING, qty SMALLINT, price DECIMAL(10,2), n TINYINT")
+    observed = {"fields": "OBJECT<id: BIGINT>", "min:qty": -5, "max:qty": 70_000, "min:n": 0, "max:n": 100}
+    assert new_fields(schema, observed).widened == (("qty", T.IntegerType()),)
+    observed["max:qty"] = 5_000_000_000
+    assert new_fields(schema, observed).widened == (("qty", T.LongType()),)
+    assert not new_fields(schema_of(schema_evolution="strict"), observed).widened
+    connect = [{"field": "qty", "type": "int64", "name": None, "parameters": None}]
+    debezium = schema_of(format="debezium")
+    assert new_fields(debezium, {"fields": None, "connect": connect}).widened == (("qty", T.LongType()),)

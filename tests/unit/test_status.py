@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -171,6 +172,7 @@ def test_json_has_every_figure_with_times_in_utc() -> None:
             "newest_event_at": "2023-11-14T22:10:15.000+00:00",
             "event_age_s": 185.0,
             "late_changes": 0,
+            "fields_not_kept": {},
         }
     ]
     assert doc["replicas"][1]["lag_records"] == 5
@@ -181,3 +183,17 @@ def test_json_is_unhealthy_if_any_replica_is() -> None:
 
     assert doc["healthy"] is False
     assert [r["healthy"] for r in doc["replicas"]] == [True, False]
+
+
+def test_fields_not_kept_are_noted_and_in_the_json() -> None:
+    table = replace(_table(), fields_not_kept={"note": 40, "meta": 2})
+
+    lines = render([_replica(table)]).splitlines()
+
+    assert table.healthy
+    assert lines[2] == (
+        "orders_a.orders: fields the table does not keep were sent: meta (2 records), note (40 records); declare "
+        "them in the schema to keep them (see the README's Schema evolution)"
+    )
+    tables = json.loads(to_json([_replica(table)]))["replicas"][0]["tables"]
+    assert tables[0]["fields_not_kept"] == {"note": 40, "meta": 2}
