@@ -1,4 +1,14 @@
-"""The one place that builds a SparkSession: Delta, Spark's Kafka source, and the project's jar cache."""
+"""The one place that builds a SparkSession: Delta, Spark's Kafka source, the project's jar cache, and its catalog.
+
+**The catalog.** Spark's own settings choose it: ``spark.sql.catalogImplementation=hive`` with
+``spark.hadoop.hive.metastore.uris=thrift://…`` (or a ``hive-site.xml``) for a shared Hive metastore, or a
+``spark.sql.catalog.spark_catalog`` of your own (Glue, Unity, …), given to ``spark-submit.sh`` as ``--conf``. When
+none is given, a session that asks for a catalog (``catalog=True``: the SQL server, ``./replica catalog``,
+``./replica sql``, notebooks) gets the local default: a Hive metastore in an embedded Derby database in
+``<catalog>/metastore``, its warehouse in ``<catalog>/warehouse`` (``<catalog>`` is ``REPLICA_CATALOG_DIR``, by
+default the state folder). Embedded Derby admits one JVM at a time, so replica jobs never open it: they leave their
+catalog entries for whichever process holds it (:mod:`replica_lib.catalog`).
+"""
 
 from __future__ import annotations
 
@@ -51,18 +61,69 @@ def session_conf(settings: LocalSettings, master: str | None, ui: bool) -> dict[
     return conf
 
 
+#: Settings that choose a catalog: when the user gives any of them, the local default is not applied.
+CATALOG_SETTINGS = ("spark.sql.catalogImplementation", "spark.hadoop.hive.metastore.uris")
+HIVE = "hive"
+_DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+
+
+def catalog_conf(settings: LocalSettings) -> dict[str, str]:
+    """The local default catalog: a Hive metastore on embedded Derby in ``<catalog>/metastore`` (created on first
+    use), its warehouse beside it. Tables of replicas are external (their data stays where the replica wrote it)."""
+    home = settings.catalog_home
+    return {
+        "spark.sql.catalogImplementation": HIVE,
+        "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={home / 'metastore'};create=true",
+        "spark.hadoop.datanucleus.schema.autoCreateAll": "true",
+        "spark.hadoop.hive.metastore.schema.verification": "false",
+        "spark.sql.warehouse.dir": str(home / "warehouse"),
+    }
+
+
+def _catalog_given() -> bool:
+    """Whether spark-submit (``--conf``, spark-defaults.conf) already chose a catalog for this driver."""
+    from pyspark import SparkConf, SparkContext
+
+    if SparkContext._active_spark_context is not None:  # joining a running session: its catalog is set
+        return True
+    SparkContext._ensure_initialized()  # the JVM, with spark-submit's settings as system properties
+    conf = SparkConf()
+    given = any(conf.contains(key) for key in CATALOG_SETTINGS)
+    return given or conf.get("spark.sql.catalog.spark_catalog", _DELTA_CATALOG) != _DELTA_CATALOG
+
+
+def persistent_catalog(spark: SparkSession) -> bool:
+    """Whether names created in this session outlive it (a Hive metastore or a catalog of the user's own)."""
+    implementation = spark.conf.get("spark.sql.catalogImplementation", "in-memory")
+    return implementation == HIVE or spark.conf.get("spark.sql.catalog.spark_catalog", _DELTA_CATALOG) != _DELTA_CATALOG
+
+
+def local_metastore(spark: SparkSession, settings: LocalSettings) -> bool:
+    """Whether this session's catalog is the local default (embedded Derby, one JVM at a time)."""
+    url = catalog_conf(settings)["spark.hadoop.javax.jdo.option.ConnectionURL"]
+    return persistent_catalog(spark) and spark.conf.get("spark.hadoop.javax.jdo.option.ConnectionURL", "") == url
+
+
 def build_session(
     app_name: str,
     settings: LocalSettings,
     master: str | None = None,
     ui: bool = False,
     extra: Mapping[str, str] | None = None,
+    catalog: bool = False,
 ) -> SparkSession:
-    """Build (or join) the SparkSession. ``master=None`` keeps what spark-submit chose."""
+    """Build (or join) the SparkSession. ``master=None`` keeps what spark-submit chose.
+
+    ``catalog``: the session needs names that outlive it; unless a catalog was chosen by Spark's settings, it gets
+    the local default (:func:`catalog_conf`). Without it, the session keeps Spark's own default (in memory).
+    """
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    for key, value in {**session_conf(settings, master, ui), **dict(extra or {})}.items():
+    conf = session_conf(settings, master, ui)
+    if catalog and not _catalog_given():
+        conf.update(catalog_conf(settings))
+    for key, value in {**conf, **dict(extra or {})}.items():
         builder = builder.config(key, value)
     try:
         spark = builder.getOrCreate()
@@ -74,5 +135,10 @@ def build_session(
             f"in {settings.state_dir / 'ivy'} after one success). Otherwise check Java 17+ (JAVA_HOME)."
         ) from exc
     spark.sparkContext.setLogLevel("WARN")
+    if local_metastore(spark, settings):  # Derby writes derby.log in the working folder unless told otherwise
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        (settings.catalog_home / "metastore").parent.mkdir(parents=True, exist_ok=True)
+        jvm.java.lang.System.setProperty("derby.stream.error.file", str(settings.catalog_home / "derby.log"))
     logger.info("Spark %s session %r ready (master %s)", spark.version, app_name, spark.sparkContext.master)
     return spark
