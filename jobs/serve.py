@@ -38,7 +38,7 @@ logger = logging.getLogger("replica_lib.server")
 
 #: How often the server registers the entries that starting replicas leave (replica_lib.catalog).
 PENDING_POLL_S = 1.0
-STOP_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 120.0
 
 
 def _free_port(host: str) -> int:

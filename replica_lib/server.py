@@ -57,6 +57,8 @@ def thrift_conf(host: str, port: int) -> dict[str, str]:
         "spark.hadoop.hive.server2.thrift.bind.host": host,
         "spark.hadoop.hive.server2.thrift.port": str(port),
         "spark.sql.hive.thriftServer.singleSession": "false",
+        # How long the server's stop waits for its connection threads (Hive's default, 60 s, held every stop up).
+        "spark.hadoop.hive.server2.thrift.worker.keepalive.time": "5s",
     }
 
 

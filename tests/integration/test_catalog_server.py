@@ -12,7 +12,6 @@ import csv
 import io
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -111,41 +110,46 @@ def served(spark: SparkSession, kafka: EmbeddedKafka, tmp_path_factory: pytest.T
     assert "registered served_b.orders\n" in registered.stdout
     assert pending(local_settings({**env})) == []
 
-    server = subprocess.Popen(
-        [str(PROJECT_ROOT / "replica"), "serve", str(confs["served_a"]), "--port", "0"],
-        cwd=PROJECT_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(server.stdout or []), daemon=True)
-    reader.start()
+    log_path = root / "server.log"
+    with log_path.open("w") as server_log:
+        server = subprocess.Popen(
+            [str(PROJECT_ROOT / "replica"), "serve", str(confs["served_a"]), "--port", "0"],
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdout=server_log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+
+    def lines() -> list[str]:
+        return log_path.read_text().splitlines()
+
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not any(line.startswith("SQL server ready: ") for line in lines):
-            assert server.poll() is None and time.monotonic() < deadline, "".join(lines)[-5000:]
-            reader.join(0.2)  # waiting for the ready line, with a deadline
-        url = next(line for line in lines if line.startswith("SQL server ready: ")).split(": ", 1)[1].strip()
+        while not any(line.startswith("SQL server ready: ") for line in lines()):
+            assert server.poll() is None and time.monotonic() < deadline, "\n".join(lines()[-80:])
+            time.sleep(0.2)  # waiting for the server's ready line, with a deadline
+        url = next(line for line in lines() if line.startswith("SQL server ready: ")).split(": ", 1)[1].strip()
         yield Served(url, catalog_dir, env, a, b, confs["served_b"], confs["served_a"], log, garbage_offset)
     finally:
         stopped = _run([str(PROJECT_ROOT / "replica"), "serve", "stop"], env, timeout_s=120)
         try:
-            assert server.wait(timeout=120) == 0, "".join(lines)[-5000:]
+            assert server.wait(timeout=120) == 0, "\n".join(lines()[-80:])
         finally:
             if server.poll() is None:
                 server.kill()
-    assert stopped.returncode == 0 and "stopped the SQL server" in stopped.stdout, stopped
-    assert "SQL server stopped\n" in lines
+    assert stopped.returncode == 0 and "stopped the SQL server" in stopped.stdout, (stopped, lines()[-80:])
+    assert "SQL server stopped" in lines()
     assert running_server(local_settings(env)) is None
     assert not (catalog_dir / "sql-server.json").exists()
 
 
 def _rows(result: BeelineResult) -> tuple[list[str], list[list[str]]]:
+    """The header and the rows (sorted) of a beeline result in csv2."""
     assert result.error is None, result
     table = list(csv.reader(io.StringIO(result.output)))
-    return table[0], sorted(table[1:], key=lambda row: int(row[0]))
+    return table[0], sorted(table[1:], key=lambda row: [(len(cell), cell) for cell in row])
 
 
 def _text(value: Any) -> str:
@@ -184,7 +188,8 @@ def test_internal_names_keep_provenance_deletes_and_quarantine(served: Served) -
 
 def test_sql_command_goes_through_the_server_and_says_bad_sql_in_one_line(served: Served) -> None:
     replica = str(PROJECT_ROOT / "replica")
-    good = _run([replica, "sql", str(served.a_conf), "SELECT order_id, status FROM orders WHERE order_id = 1"], served.env)
+    query = "SELECT order_id, status FROM orders WHERE order_id = 1"
+    good = _run([replica, "sql", str(served.a_conf), query], served.env)
     assert good.returncode == 0, good.stderr[-3000:]
     assert "| 1         | paid    |" in good.stdout
     assert "Spark" not in good.stderr  # no session of its own: the server answered
@@ -195,7 +200,7 @@ def test_sql_command_goes_through_the_server_and_says_bad_sql_in_one_line(served
     assert "Traceback" not in bad.stderr and "\tat " not in bad.stderr
     missing = _run([replica, "sql", "SELECT * FROM served_a.nope"], served.env)
     assert missing.returncode == 2
-    assert [line for line in missing.stderr.splitlines() if line.startswith("error:")][0].startswith(
+    assert next(line for line in missing.stderr.splitlines() if line.startswith("error:")).startswith(
         "error: [TABLE_OR_VIEW_NOT_FOUND] The table or view `served_a`.`nope` cannot be found."
     )
 
