@@ -12,7 +12,7 @@ import sys
 import time
 
 from jobs._cli import guarded, setup_logging
-from replica_lib.catalog import entries, leave_pending, metastore_holder, register
+from replica_lib.catalog import entries, leave_pending, metastore_holder, register_catalog
 from replica_lib.config import load_replicas, local_settings
 from replica_lib.errors import CatalogError
 from replica_lib.server import running_server
@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
                 "or ./replica sql): close it, or start ./replica serve, which registers what replicas leave"
             )
         spark = build_session("replica-catalog", settings, catalog=True)
-        for name in register(spark, replicas, settings):
+        for name in register_catalog(spark, replicas, settings):
             print(f"registered {name}")
         return 0
 

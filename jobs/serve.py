@@ -19,7 +19,7 @@ import time
 from types import FrameType
 
 from jobs._cli import USER_ERROR, guarded, setup_logging
-from replica_lib.catalog import apply_pending, metastore_holder, register
+from replica_lib.catalog import apply_pending, metastore_holder, register_catalog
 from replica_lib.config import PROJECT_ROOT, load_replicas, local_settings
 from replica_lib.errors import CatalogError
 from replica_lib.server import (
@@ -61,7 +61,7 @@ def serve(confs: list[str], host: str, port: int) -> int:
         )
     port = port or _free_port(host)
     spark = build_session("replica-sql-server", settings, catalog=True, extra=thrift_conf(host, port))
-    names = register(spark, replicas, settings)
+    names = register_catalog(spark, replicas, settings)
     server = start_thrift_server(spark)
     info = ServerInfo(os.getpid(), host, port)
     stop = threading.Event()

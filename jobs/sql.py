@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pyspark.sql import SparkSession
 
 from jobs._cli import USER_ERROR, guarded, setup_logging
-from replica_lib.catalog import leave_pending, metastore_holder, register
+from replica_lib.catalog import leave_pending, metastore_holder, register_catalog
 from replica_lib.config import ReplicaConfig, load_replicas, local_settings
 from replica_lib.errors import CatalogError
 from replica_lib.producer import Position
@@ -133,7 +133,7 @@ def main(argv: list[str]) -> int:
         name = replicas[0].name if replicas else "catalog"
         spark = build_session(f"replica-sql-{name}", settings, catalog=not held)
         if local_metastore(spark, settings):
-            register(spark, replicas, settings)
+            register_catalog(spark, replicas, settings)
         if replicas:
             _register_views(spark, replicas, positions, queries, args.timeout)
         for query in queries:

@@ -193,7 +193,7 @@ def apply(spark: SparkSession, replica: str, source_file: str, wanted: Sequence[
     return done
 
 
-def register(
+def register_catalog(
     spark: SparkSession, replicas: Iterable[ReplicaConfig], settings: LocalSettings | None = None
 ) -> list[str]:
     """Register every replica's names in the session's catalog (and, in the local catalog, the entries replicas
@@ -253,7 +253,7 @@ def register_on_start(spark: SparkSession, cfg: ReplicaConfig, settings: LocalSe
     local = settings or local_settings()
     try:
         if persistent_catalog(spark) and not local_metastore(spark, local):
-            names = register(spark, [cfg], local)
+            names = register_catalog(spark, [cfg], local)
             logger.info("replica %s: registered %d catalog names (%s.*)", cfg.name, len(names), cfg.name)
         else:
             path = leave_pending(cfg, local)

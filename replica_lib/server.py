@@ -102,13 +102,18 @@ def _read(path: Path) -> ServerInfo | None:
 
 
 def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a process that exited but was not yet reaped by its parent does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc: the signal's answer stands
+    return state not in ("Z", "X")
 
 
 def running_server(settings: LocalSettings) -> ServerInfo | None:

@@ -1,0 +1,118 @@
+"""The notebooks run headless (nbclient, a real kernel) against two small replicas, so they cannot rot.
+
+Their cells assert what they show; what they found is also written to a folder and checked here against the
+reference model. They use only the public API (``replica_lib.__all__``) and are stored without outputs.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from pyspark.sql import SparkSession
+
+import replica_lib
+from replica_dev.conf import orders_table, replica_doc, write_replica
+from replica_dev.embedded_kafka import EmbeddedKafka
+from replica_dev.model import LoggedChange, fold
+from replica_lib.config import PROJECT_ROOT, load_replica
+from replica_lib.stream import run_replica
+from replica_lib.topics import TopicAdmin, TopicSpec
+from tests.integration.support import delete, produce, produce_garbage, run_available_now, upsert
+
+pytestmark = pytest.mark.integration
+
+NOTEBOOKS = ("replica_tour.ipynb", "replica_operations.ipynb")
+CELL_TIMEOUT_S = 600
+
+
+def _stored(name: str) -> Any:
+    return nbformat.read(PROJECT_ROOT / "notebooks" / name, as_version=4)
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebooks_are_stored_clean_and_use_the_public_api(name: str) -> None:
+    notebook = _stored(name)
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert [(cell.outputs, cell.execution_count) for cell in code] == [([], None)] * len(code)
+    imported = set()
+    for cell in code:
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("replica"):
+                assert node.module == "replica_lib", f"{name} imports from {node.module}"
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.Import):
+                assert not [a.name for a in node.names if a.name.startswith("replica")], f"{name}: {node.names}"
+    assert imported and imported <= set(replica_lib.__all__), imported - set(replica_lib.__all__)
+
+
+def _changes() -> list[Any]:
+    changes = []
+    for seq in range(1, 4):
+        for order_id in range(1, 11):
+            changes.append(upsert(order_id, seq, f"s{seq}", amount=order_id * 1.5))
+    return [*changes, delete(3, 4), delete(7, 2), upsert(11, 1, "new")]  # 7's delete is older: it loses
+
+
+def test_the_notebooks_run_headless(
+    spark: SparkSession, kafka: EmbeddedKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    connection = {"bootstrap.servers": kafka.bootstrap_servers}
+    topic = "notebook-orders"
+    TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=2), local=True)
+    log = produce(connection, topic, _changes())
+    produce_garbage(connection, topic, 1)
+    a_doc = replica_doc(
+        "nb_a",
+        tmp_path / "a",
+        kafka.bootstrap_servers,
+        {"orders": orders_table(topic)},
+        replica={"metrics": {"path": str(tmp_path / "a" / "_metrics")}},
+        source={"starting_offsets": "earliest", "max_offsets_per_trigger": 10},
+    )
+    b_doc = replica_doc(
+        "nb_b",
+        tmp_path / "b",
+        kafka.bootstrap_servers,
+        {"orders": orders_table(topic, layout="merge-on-read", fold_every_batches=0)},
+    )
+    confs = [write_replica(tmp_path / "nb_a.toml", a_doc), write_replica(tmp_path / "nb_b.toml", b_doc)]
+    a, b = (load_replica(conf) for conf in confs)
+    run_replica(spark, a, available_now=True)  # several batches, and their metrics written before it returns
+    run_available_now(spark, b)
+
+    # Travel to a write half-way through the log: the first version that reflected it.
+    middle = log[len(log) // 2].position
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setenv("REPLICA_CONFS", os.pathsep.join(str(conf) for conf in confs))
+    monkeypatch.setenv("REPLICA_POSITION", f"{middle.topic}:{middle.partition}:{middle.offset}")
+    monkeypatch.setenv("REPLICA_NOTEBOOK_OUT", str(out))
+    for name in NOTEBOOKS:
+        # A catalog each: the first kernel's JVM may still be exiting, with the Derby database open, as the next starts.
+        monkeypatch.setenv("REPLICA_CATALOG_DIR", str(tmp_path / f"catalog-{name}"))
+        client = NotebookClient(
+            _stored(name),
+            timeout=CELL_TIMEOUT_S,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(tmp_path)}},
+        )
+        client.execute()  # raises CellExecutionError, with the cell and its trace, if a cell fails
+
+    then = json.loads((out / "tour_then.json").read_text())
+    reached = {int(p): o for p, o in then["offsets"][topic].items()}
+    assert reached[middle.partition] > middle.offset
+    before: list[LoggedChange] = [e for e in log if e.position.offset < reached.get(e.position.partition, 0)]
+    rows = fold(before, {"orders": ("order_id",)}, {"orders": True})["orders"]
+    columns = ["order_id", "customer", "amount", "status", "updated_ms"]
+    assert then["rows"] == [{c: row[c] for c in columns} for _, row in sorted(rows.items())]
+
+    quarantined = json.loads((out / "quarantine.json").read_text())
+    assert [(q["replica"], q["records"]) for q in quarantined] == [("nb_a", 1), ("nb_b", 1)]
+    assert (out / "replicas_over_time.png").stat().st_size > 0
