@@ -80,13 +80,20 @@ def catalog_conf(settings: LocalSettings) -> dict[str, str]:
     }
 
 
-def _catalog_given() -> bool:
-    """Whether spark-submit (``--conf``, spark-defaults.conf) already chose a catalog for this driver."""
+def _catalog_given(launch: Mapping[str, str]) -> bool:
+    """Whether spark-submit (``--conf``, spark-defaults.conf) already chose a catalog for this driver.
+
+    Asking needs the JVM, so it is started here with the session's other settings (``launch``): its packages are
+    resolved at its start, as they would be by ``getOrCreate``.
+    """
     from pyspark import SparkConf, SparkContext
 
     if SparkContext._active_spark_context is not None:  # joining a running session: its catalog is set
         return True
-    SparkContext._ensure_initialized()  # the JVM, with spark-submit's settings as system properties
+    settings = SparkConf(loadDefaults=False)
+    for key, value in launch.items():
+        settings.set(key, value)
+    SparkContext._ensure_initialized(conf=settings)  # the JVM, with spark-submit's settings as system properties
     conf = SparkConf()
     given = any(conf.contains(key) for key in CATALOG_SETTINGS)
     return given or conf.get("spark.sql.catalog.spark_catalog", _DELTA_CATALOG) != _DELTA_CATALOG
@@ -120,10 +127,11 @@ def build_session(
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    conf = session_conf(settings, master, ui)
-    if catalog and not _catalog_given():
-        conf.update(catalog_conf(settings))
-    for key, value in {**conf, **dict(extra or {})}.items():
+    conf = {**session_conf(settings, master, ui), **dict(extra or {})}
+    launch = {**conf, "spark.app.name": app_name, **({"spark.master": master} if master else {})}
+    if catalog and not _catalog_given(launch):
+        conf = {**conf, **catalog_conf(settings), **dict(extra or {})}
+    for key, value in conf.items():
         builder = builder.config(key, value)
     try:
         spark = builder.getOrCreate()

@@ -24,7 +24,7 @@ from pyspark.sql import SparkSession
 from replica_dev.conf import orders_table, replica_doc, write_replica
 from replica_dev.embedded_kafka import EmbeddedKafka
 from replica_dev.model import LoggedChange, fold
-from replica_lib.catalog import pending
+from replica_lib.catalog import metastore_holder, pending
 from replica_lib.config import PROJECT_ROOT, ReplicaConfig, load_replica, local_settings
 from replica_lib.server import BeelineResult, beeline, running_server
 from replica_lib.topics import TopicAdmin, TopicSpec
@@ -143,6 +143,7 @@ def served(spark: SparkSession, kafka: EmbeddedKafka, tmp_path_factory: pytest.T
     assert "SQL server stopped" in lines()
     assert running_server(local_settings(env)) is None
     assert not (catalog_dir / "sql-server.json").exists()
+    assert not metastore_holder(local_settings(env))  # its JVM is gone, and Derby's lock with it
 
 
 def _rows(result: BeelineResult) -> tuple[list[str], list[list[str]]]:
@@ -187,6 +188,7 @@ def test_internal_names_keep_provenance_deletes_and_quarantine(served: Served) -
 
 
 def test_sql_command_goes_through_the_server_and_says_bad_sql_in_one_line(served: Served) -> None:
+    assert metastore_holder(local_settings(served.env))  # the server holds the local catalog: no one else opens it
     replica = str(PROJECT_ROOT / "replica")
     query = "SELECT order_id, status FROM orders WHERE order_id = 1"
     good = _run([replica, "sql", str(served.a_conf), query], served.env)
