@@ -16,7 +16,7 @@ from replica_lib.catalog import entries, leave_pending, metastore_holder, regist
 from replica_lib.config import load_replicas, local_settings
 from replica_lib.errors import CatalogError
 from replica_lib.server import running_server
-from replica_lib.session import build_session
+from replica_lib.session import build_session, local_metastore, stop_session
 
 #: How long to wait for the SQL server to register what was left for it.
 SERVER_TIMEOUT_S = 60.0
@@ -55,6 +55,8 @@ def main(argv: list[str]) -> int:
         spark = build_session("replica-catalog", settings, catalog=True)
         for name in register_catalog(spark, replicas, settings):
             print(f"registered {name}")
+        if local_metastore(spark, settings):
+            stop_session(spark)  # releases the local catalog before the command returns
         return 0
 
     return guarded(body)

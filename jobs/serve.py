@@ -32,7 +32,7 @@ from replica_lib.server import (
     thrift_conf,
     write_server_file,
 )
-from replica_lib.session import build_session, local_metastore
+from replica_lib.session import build_session, local_metastore, stop_session
 
 logger = logging.getLogger("replica_lib.server")
 
@@ -84,7 +84,7 @@ def serve(confs: list[str], host: str, port: int) -> int:
     finally:
         remove_server_file(settings, info.pid)
         server.stop()
-        spark.stop()
+        stop_session(spark)  # its JVM gone, and Derby's lock on the local catalog with it
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     print("SQL server stopped", flush=True)

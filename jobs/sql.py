@@ -31,7 +31,7 @@ from replica_lib.errors import CatalogError
 from replica_lib.producer import Position
 from replica_lib.reads import Snapshot, freshest, parse_position, wait_for
 from replica_lib.server import ServerInfo, beeline, running_server
-from replica_lib.session import build_session, local_metastore
+from replica_lib.session import build_session, local_metastore, stop_session
 from replica_lib.status import status_df, status_of
 from replica_lib.views import register_views
 
@@ -43,7 +43,7 @@ REGISTER_TIMEOUT_S = 60.0
 
 def _through_server(server: ServerInfo, replica: ReplicaConfig | None, queries: list[str]) -> int:
     """Run the queries on the SQL server: its tables printed as beeline prints them, a failure as one line."""
-    statements = list(queries)
+    url = server.url
     if replica is not None:
         left = leave_pending(replica, local_settings())
         deadline = time.monotonic() + REGISTER_TIMEOUT_S
@@ -51,8 +51,8 @@ def _through_server(server: ServerInfo, replica: ReplicaConfig | None, queries: 
             if time.monotonic() > deadline:
                 raise CatalogError(f"the SQL server at {server.url} did not register {replica.name} in time")
             time.sleep(0.2)  # the server registers pending entries every second
-        statements.insert(0, f"USE `{replica.name}`")
-    result = beeline(server.url, ";\n".join(s.strip().rstrip(";") for s in statements))
+        url = server.url_for(replica.name)  # its database is the session's: ``orders`` names its table
+    result = beeline(url, ";\n".join(query.strip().rstrip(";") for query in queries))
     print(result.output, end="")
     if result.error is not None:
         print(f"error: {result.error}", file=sys.stderr)
@@ -144,6 +144,8 @@ def main(argv: list[str]) -> int:
             with open(args.output, "w") as out:
                 for row in result_df.toLocalIterator():
                     out.write(json.dumps(row.asDict(recursive=True), default=str) + "\n")
+        if local_metastore(spark, settings):
+            stop_session(spark)  # releases the local catalog before the command returns
         return 0
 
     return guarded(body)

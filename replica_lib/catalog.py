@@ -62,6 +62,7 @@ class Entry:
     location: str | None = None
     query: str | None = None
     needs: tuple[str, ...] = ()  # names this view reads: left out while one of them is
+    source: str | None = None  # a catalog table this view reads (a ``{ table = "db.t" }`` target)
 
     @property
     def qualified(self) -> str:
@@ -80,7 +81,7 @@ def _source(database: str, name: str, target: Target) -> Entry:
     """A Delta table of the replica under ``name``: external at its path, or a view of its catalog name."""
     if target.path:
         return Entry(database, name, f"replica {database}", location=target.path)
-    return Entry(database, name, f"replica {database}", query=f"SELECT * FROM {target.table}")
+    return Entry(database, name, f"replica {database}", query=f"SELECT * FROM {target.table}", source=target.table)
 
 
 def entries(cfg: ReplicaConfig) -> list[Entry]:
@@ -153,14 +154,23 @@ def _drop(spark: SparkSession, entry: Entry, kind: str) -> None:
         )
 
 
-def _apply_entry(spark: SparkSession, entry: Entry) -> bool:
-    """Make one name what ``entry`` says; False when its table does not exist yet."""
+def _exists(spark: SparkSession, entry: Entry) -> bool | None:
+    """Whether the table an entry names is there (None for a view of other entries)."""
     from delta.tables import DeltaTable
 
+    if entry.location is not None:
+        return bool(DeltaTable.isDeltaTable(spark, entry.location))
+    if entry.source is not None:
+        return bool(spark.catalog.tableExists(entry.source))
+    return None
+
+
+def _apply_entry(spark: SparkSession, entry: Entry) -> bool:
+    """Make one name what ``entry`` says; False when its table does not exist yet."""
+    if _exists(spark, entry) is False:
+        return False
     existing = _existing(spark, entry)
     if entry.location is not None:
-        if not DeltaTable.isDeltaTable(spark, entry.location):
-            return False
         if existing is not None and existing[1] is not None and _location(existing[1]) == _location(entry.location):
             return True
         if existing is not None:
@@ -178,7 +188,13 @@ def _apply_entry(spark: SparkSession, entry: Entry) -> bool:
 
 
 def apply(spark: SparkSession, replica: str, source_file: str, wanted: Sequence[Entry]) -> list[str]:
-    """Register ``wanted`` in the session's catalog; returns the names registered (those not yet created left out)."""
+    """Register ``wanted`` in the session's catalog; returns the names registered (those not yet created left out).
+
+    A replica none of whose tables exists (not started yet, or its tables gone) gets no database.
+    """
+    if not any(_exists(spark, entry) for entry in wanted):
+        logger.info("catalog: %s not registered: none of its tables exists", replica)
+        return []
     comment = _literal(f"replica {replica} ({source_file})")
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {_quote(replica)} COMMENT {comment}")
     done: list[str] = []

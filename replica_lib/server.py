@@ -44,7 +44,11 @@ class ServerInfo:
 
     @property
     def url(self) -> str:
-        return f"jdbc:hive2://{self.host}:{self.port}/default"
+        return self.url_for("default")
+
+    def url_for(self, database: str) -> str:
+        """The JDBC URL of a session whose current database is ``database``."""
+        return f"jdbc:hive2://{self.host}:{self.port}/{database}"
 
 
 def server_file(settings: LocalSettings) -> Path:

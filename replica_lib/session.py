@@ -12,6 +12,7 @@ catalog entries for whichever process holds it (:mod:`replica_lib.catalog`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping
 
@@ -150,3 +151,23 @@ def build_session(
         jvm.java.lang.System.setProperty("derby.stream.error.file", str(settings.catalog_home / "derby.log"))
     logger.info("Spark %s session %r ready (master %s)", spark.version, app_name, spark.sparkContext.master)
     return spark
+
+
+def stop_session(spark: SparkSession, timeout_s: float = 60.0) -> None:
+    """Stop the session and, when this process started Spark's JVM, wait until it has exited.
+
+    The JVM outlives ``stop()`` until it notices that its Python driver is gone; with the local catalog open, Derby's
+    lock goes only with it. A process that held the catalog waits here so that the next one can open it at once.
+    """
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    spark.stop()
+    proc = getattr(gateway, "proc", None)
+    if proc is None or proc.stdin is None:
+        return
+    with contextlib.suppress(OSError):
+        proc.stdin.close()  # Spark's Python gateway exits when its input ends
+    proc.wait(timeout=timeout_s)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
