@@ -109,11 +109,13 @@ def entries(cfg: ReplicaConfig) -> list[Entry]:
     if cfg.metrics is not None:
         found.append(_source(db, METRICS, cfg.metrics))
     seen: dict[str, str] = {}
+    tables = {table.name.lower(): table.name for table in cfg.tables}
     for entry in found:
         if entry.name.lower() in seen:
+            clash = tables.get(entry.name.lower()) or tables.get(seen[entry.name.lower()].lower(), entry.name)
             raise ConfigError(
                 cfg.source_file,
-                "tables",
+                f"tables.{clash}",
                 f"catalog name {db}.{entry.name} would be used twice (a table named like another's "
                 f"{RAW}, {DELETES} or {CHANGES}, or like the replica's {QUARANTINE} or {METRICS})",
                 "rename the table",
