@@ -97,17 +97,24 @@ def served(spark: SparkSession, kafka: EmbeddedKafka, tmp_path_factory: pytest.T
     confs = {name: write_replica(root / f"{name}.toml", doc) for name, doc in docs.items()}
     env = {**os.environ, "REPLICA_CATALOG_DIR": str(catalog_dir)}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("REPLICA_CATALOG_DIR", str(root / "elsewhere"))
-        a = load_replica(confs["served_a"])
-        run_available_now(spark, a)  # leaves its names elsewhere: the server registers it on start
         patch.setenv("REPLICA_CATALOG_DIR", str(catalog_dir))
         b = load_replica(confs["served_b"])
         run_available_now(spark, b)  # leaves its names for the catalog's holder, ./replica catalog register here
         assert [p.name.endswith("-served_b.json") for p in pending(local_settings())] == [True]
-
-    registered = _run([str(PROJECT_ROOT / "replica"), "catalog", "register", str(confs["served_b"])], env)
-    assert registered.returncode == 0, registered.stderr[-3000:]
-    assert "registered served_b.orders\n" in registered.stdout
+        register_b = subprocess.Popen(
+            [str(PROJECT_ROOT / "replica"), "catalog", "register", str(confs["served_b"])],
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        patch.setenv("REPLICA_CATALOG_DIR", str(root / "elsewhere"))
+        a = load_replica(confs["served_a"])
+        run_available_now(spark, a)  # meanwhile; leaves its names elsewhere: the server registers it on start
+    out, err = register_b.communicate(timeout=START_TIMEOUT_S)
+    assert register_b.returncode == 0, err[-3000:]
+    assert "registered served_b.orders\n" in out
     assert pending(local_settings({**env})) == []
 
     log_path = root / "server.log"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ import replica_lib
 from replica_dev.conf import orders_table, replica_doc, write_replica
 from replica_dev.embedded_kafka import EmbeddedKafka
 from replica_dev.model import LoggedChange, fold
-from replica_lib.config import PROJECT_ROOT, load_replica
+from replica_lib.catalog import metastore_holder
+from replica_lib.config import PROJECT_ROOT, load_replica, local_settings
 from replica_lib.stream import run_replica
 from replica_lib.topics import TopicAdmin, TopicSpec
 from tests.integration.support import delete, produce, produce_garbage, run_available_now, upsert
@@ -94,9 +96,13 @@ def test_the_notebooks_run_headless(
     monkeypatch.setenv("REPLICA_CONFS", os.pathsep.join(str(conf) for conf in confs))
     monkeypatch.setenv("REPLICA_POSITION", f"{middle.topic}:{middle.partition}:{middle.offset}")
     monkeypatch.setenv("REPLICA_NOTEBOOK_OUT", str(out))
+    monkeypatch.setenv("REPLICA_CATALOG_DIR", str(tmp_path / "catalog"))
     for name in NOTEBOOKS:
-        # A catalog each: the first kernel's JVM may still be exiting, with the Derby database open, as the next starts.
-        monkeypatch.setenv("REPLICA_CATALOG_DIR", str(tmp_path / f"catalog-{name}"))
+        # The previous kernel's JVM outlives it a moment, with the local catalog open: the next waits for it.
+        deadline = time.monotonic() + 60
+        while metastore_holder(local_settings()):
+            assert time.monotonic() < deadline, "the previous notebook's JVM kept the local catalog open"
+            time.sleep(0.2)  # waiting for that JVM to exit, with a deadline
         client = NotebookClient(
             _stored(name),
             timeout=CELL_TIMEOUT_S,
