@@ -1,4 +1,4 @@
-"""The notebooks run headless (nbclient, a real kernel) against two small replicas, so they cannot rot.
+"""The notebooks run headless (nbclient, a real kernel) against the run's two small replicas, so they cannot rot.
 
 Their cells assert what they show; what they found is also written to a folder and checked here against the
 reference model. They use only the public API (``replica_lib.__all__``) and are stored without outputs.
@@ -16,17 +16,12 @@ from typing import Any
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from pyspark.sql import SparkSession
 
 import replica_lib
-from replica_dev.conf import orders_table, replica_doc, write_replica
-from replica_dev.embedded_kafka import EmbeddedKafka
 from replica_dev.model import LoggedChange, fold
 from replica_lib.catalog import metastore_holder
-from replica_lib.config import PROJECT_ROOT, load_replica, local_settings
-from replica_lib.stream import run_replica
-from replica_lib.topics import TopicAdmin, TopicSpec
-from tests.integration.support import delete, produce, produce_garbage, run_available_now, upsert
+from replica_lib.config import PROJECT_ROOT, local_settings
+from tests.integration.conftest import TwoReplicas
 
 pytestmark = pytest.mark.integration
 
@@ -54,46 +49,12 @@ def test_notebooks_are_stored_clean_and_use_the_public_api(name: str) -> None:
     assert imported and imported <= set(replica_lib.__all__), imported - set(replica_lib.__all__)
 
 
-def _changes() -> list[Any]:
-    changes = []
-    for seq in range(1, 4):
-        for order_id in range(1, 11):
-            changes.append(upsert(order_id, seq, f"s{seq}", amount=order_id * 1.5))
-    return [*changes, delete(3, 4), delete(7, 2), upsert(11, 1, "new")]  # 7's delete is older: it loses
-
-
-def test_the_notebooks_run_headless(
-    spark: SparkSession, kafka: EmbeddedKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    connection = {"bootstrap.servers": kafka.bootstrap_servers}
-    topic = "notebook-orders"
-    TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=2), local=True)
-    log = produce(connection, topic, _changes())
-    produce_garbage(connection, topic, 1)
-    a_doc = replica_doc(
-        "nb_a",
-        tmp_path / "a",
-        kafka.bootstrap_servers,
-        {"orders": orders_table(topic)},
-        replica={"metrics": {"path": str(tmp_path / "a" / "_metrics")}},
-        source={"starting_offsets": "earliest", "max_offsets_per_trigger": 10},
-    )
-    b_doc = replica_doc(
-        "nb_b",
-        tmp_path / "b",
-        kafka.bootstrap_servers,
-        {"orders": orders_table(topic, layout="merge-on-read", fold_every_batches=0)},
-    )
-    confs = [write_replica(tmp_path / "nb_a.toml", a_doc), write_replica(tmp_path / "nb_b.toml", b_doc)]
-    a, b = (load_replica(conf) for conf in confs)
-    run_replica(spark, a, available_now=True)  # several batches, and their metrics written before it returns
-    run_available_now(spark, b)
-
-    # Travel to a write half-way through the log: the first version that reflected it.
-    middle = log[len(log) // 2].position
+def test_the_notebooks_run_headless(two_replicas: TwoReplicas, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log, topic = two_replicas.log, two_replicas.topic
+    middle = log[len(log) // 2].position  # the tour travels back to the first version that reflected it
     out = tmp_path / "out"
     out.mkdir()
-    monkeypatch.setenv("REPLICA_CONFS", os.pathsep.join(str(conf) for conf in confs))
+    monkeypatch.setenv("REPLICA_CONFS", os.pathsep.join(str(c) for c in (two_replicas.a_conf, two_replicas.b_conf)))
     monkeypatch.setenv("REPLICA_POSITION", f"{middle.topic}:{middle.partition}:{middle.offset}")
     monkeypatch.setenv("REPLICA_NOTEBOOK_OUT", str(out))
     monkeypatch.setenv("REPLICA_CATALOG_DIR", str(tmp_path / "catalog"))
@@ -120,5 +81,5 @@ def test_the_notebooks_run_headless(
     assert then["rows"] == [{c: row[c] for c in columns} for _, row in sorted(rows.items())]
 
     quarantined = json.loads((out / "quarantine.json").read_text())
-    assert [(q["replica"], q["records"]) for q in quarantined] == [("nb_a", 1), ("nb_b", 1)]
+    assert [(q["replica"], q["records"]) for q in quarantined] == [("served_a", 1), ("served_b", 1)]
     assert (out / "replicas_over_time.png").stat().st_size > 0
