@@ -29,6 +29,8 @@ done
 module=replica_lib.artifacts
 [[ "$job" == */dev/* ]] && module=replica_dev.maven
 packages=$("$PY" -c "import sys; from $module import packages_for; print(','.join(packages_for(sys.argv[1])))" "$job")
+# The SQL server's JDBC sessions load Delta from the JVM's own class path (replica_lib.artifacts.driver_classpath).
+classpath=$("$PY" -c "import sys; from pathlib import Path; from replica_lib.artifacts import driver_classpath; print(':'.join(driver_classpath(sys.argv[1], Path(sys.argv[2]))))" "$job" "$STATE/ivy")
 common=(
   --packages "$packages"
   --conf "spark.jars.ivy=$STATE/ivy"
@@ -37,6 +39,7 @@ common=(
   --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog
   --conf spark.ui.showConsoleProgress=false
 )
+[[ -n "$classpath" ]] && common+=(--driver-class-path "$classpath")
 
 if [[ -z "$master" || "$master" == local* ]]; then
   # Locally the job's Python process is the driver and starts Spark's JVM itself (as pyspark does), so

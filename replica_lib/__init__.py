@@ -19,16 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from replica_lib.batch import BatchHooks, BatchStats
+    from replica_lib.catalog import register_catalog
     from replica_lib.config import LocalSettings, ReplicaConfig, load_replica, local_settings
     from replica_lib.errors import ReplicaError
     from replica_lib.maintenance import maintain
     from replica_lib.producer import Change, ChangeProducer, Delivery, Position, ProducerSettings
     from replica_lib.quarantine import reasons
-    from replica_lib.reads import Snapshot, freshest, wait_for
+    from replica_lib.reads import Snapshot, freshest, snapshot_at, wait_for
     from replica_lib.rebuild import rebuild
     from replica_lib.replay import replay
     from replica_lib.session import build_session
-    from replica_lib.status import replica_status
+    from replica_lib.status import replica_status, status_of
     from replica_lib.stream import run_replica, start_replica
     from replica_lib.topics import TopicAdmin, TopicSpec
     from replica_lib.verify import compare_tables
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 _WHERE = {
     "BatchHooks": "batch",
     "BatchStats": "batch",
+    "register_catalog": "catalog",
     "LocalSettings": "config",
     "ReplicaConfig": "config",
     "load_replica": "config",
@@ -51,8 +53,10 @@ _WHERE = {
     "replay": "replay",
     "Snapshot": "reads",
     "freshest": "reads",
+    "snapshot_at": "reads",
     "wait_for": "reads",
     "replica_status": "status",
+    "status_of": "status",
     "rebuild": "rebuild",
     "compare_tables": "verify",
     "build_session": "session",
@@ -84,10 +88,13 @@ __all__ = [
     "maintain",
     "reasons",
     "rebuild",
+    "register_catalog",
     "replay",
     "replica_status",
     "run_replica",
+    "snapshot_at",
     "start_replica",
+    "status_of",
     "wait_for",
 ]
 

@@ -41,3 +41,14 @@ def packages_for(job_file: str) -> tuple[str, ...]:
     """The ``--packages`` for a user job (``spark-submit.sh`` asks; dev jobs add theirs in ``replica_dev``)."""
     del job_file  # every user job needs the same packages
     return SPARK_PACKAGES
+
+
+def driver_classpath(job_file: str, ivy_dir: Path) -> tuple[str, ...]:
+    """Jars a job needs on the driver JVM's own class path (``--driver-class-path``), from the ``--packages`` cache.
+
+    Only the SQL server (``jobs/serve.py``): Hive builds each JDBC session's class loader on the JVM's class path,
+    where the jars of ``--packages`` are not, so its sessions could not load Delta's catalog otherwise.
+    """
+    if Path(job_file).name != "serve.py":
+        return ()
+    return tuple(str(jar) for jar in sorted((ivy_dir / "jars").glob(f"io.delta_*-{DELTA_VERSION}.jar")))

@@ -83,19 +83,27 @@ class LocalSettings:
     state_dir: Path
     java_home: str | None
     debug: bool = False  # show the trace of a failure, not only its one line
+    #: Where the local catalog lives (``metastore``, ``warehouse``, the SQL server's file, pending registrations):
+    #: ``REPLICA_CATALOG_DIR``, by default the state folder. See :mod:`replica_lib.catalog`.
+    catalog_dir: Path | None = None
 
     @property
     def broker_dir(self) -> Path:
         return self.state_dir / "broker"
 
+    @property
+    def catalog_home(self) -> Path:
+        return self.catalog_dir or self.state_dir
+
 
 def local_settings(environ: Mapping[str, str] | None = None) -> LocalSettings:
-    """Settings for local use: ``REPLICA_STATE_DIR`` (default ``<project>/.state``), ``JAVA_HOME`` and
-    ``REPLICA_DEBUG`` (any value but empty or ``0``)."""
+    """Settings for local use: ``REPLICA_STATE_DIR`` (default ``<project>/.state``), ``JAVA_HOME``,
+    ``REPLICA_DEBUG`` (any value but empty or ``0``) and ``REPLICA_CATALOG_DIR`` (default: the state folder)."""
     env = os.environ if environ is None else environ
     state = Path(env.get("REPLICA_STATE_DIR") or PROJECT_ROOT / ".state").resolve()
     debug = env.get("REPLICA_DEBUG", "") not in ("", "0")
-    return LocalSettings(state_dir=state, java_home=env.get("JAVA_HOME") or None, debug=debug)
+    catalog = Path(env["REPLICA_CATALOG_DIR"]).resolve() if env.get("REPLICA_CATALOG_DIR") else None
+    return LocalSettings(state_dir=state, java_home=env.get("JAVA_HOME") or None, debug=debug, catalog_dir=catalog)
 
 
 # ---------------------------------------------------------------------------------------------- replica config

@@ -98,3 +98,8 @@ class ConcurrentDeleteReadError(ConcurrentCommitError):
 
 class ConcurrentDeleteDeleteError(ConcurrentCommitError):
     """Both commits removed the same file (Delta's ``ConcurrentDeleteDeleteException``)."""
+
+
+class CatalogError(ReplicaError):
+    """A catalog name cannot be registered as asked (a name of someone else's, the local catalog held); says what
+    to do."""

@@ -154,6 +154,16 @@ def applied_offsets(spark: SparkSession, target: Target, version: int | None = N
     return None
 
 
+def applied_versions(spark: SparkSession, target: Target) -> list[AppliedVersion]:
+    """Every replica commit of a table, oldest first, each with the offsets it reflects (one read of the history)."""
+    from delta.tables import DeltaTable
+
+    table = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, str(target.table))
+    rows = table.history().select("version", "userMetadata").where(F.col("userMetadata").isNotNull()).collect()
+    parsed = (_parse(int(row["version"]), row["userMetadata"]) for row in rows)
+    return sorted((p for p in parsed if p is not None), key=lambda p: p.version)
+
+
 @dataclass(frozen=True)
 class ReplicaCommit:
     """A replica's newest commit to a table: what it applied, and when it was committed (seconds since the epoch)."""

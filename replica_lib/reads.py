@@ -21,7 +21,7 @@ from replica_lib.errors import ConfigError, NotAppliedError
 from replica_lib.layout import read_state
 from replica_lib.merge import delta_table
 from replica_lib.producer import Position
-from replica_lib.progress import Offsets, applied_offsets, last_committed_offsets
+from replica_lib.progress import Offsets, applied_offsets, applied_versions, last_committed_offsets
 from replica_lib.target import applied_target, read_table, table_exists
 
 logger = logging.getLogger(__name__)
@@ -67,6 +67,24 @@ def snapshot(spark: SparkSession, cfg: ReplicaConfig, table: str) -> Snapshot:
         parts = offsets.setdefault(config.topic, {})
         parts[partition] = max(parts.get(partition, 0), offset)
     return Snapshot(cfg, config, version, offsets)
+
+
+def snapshot_at(spark: SparkSession, cfg: ReplicaConfig, table: str, positions: Iterable[Position]) -> Snapshot:
+    """The table as of the first Delta version that reflected every position (time travel to a point of the log).
+
+    Raises :class:`NotAppliedError` if no version has applied them yet. ``Snapshot.read`` gives its rows.
+    """
+    config = cfg.table_named(table, "tables")
+    wanted = list(positions)
+    for applied in applied_versions(spark, applied_target(config)):
+        found = Snapshot(cfg, config, applied.version, {t: dict(parts) for t, parts in applied.offsets.items()})
+        if all(found.applied(p) for p in wanted):
+            return found
+    raise NotAppliedError(
+        f"no version of {cfg.name}.{table} has applied "
+        + ", ".join(f"{p.topic}:{p.partition}:{p.offset}" for p in wanted)
+        + " yet; check how far the replica is (its status)"
+    )
 
 
 def freshest(spark: SparkSession, replicas: Sequence[ReplicaConfig], table: str) -> Snapshot:

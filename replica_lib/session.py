@@ -1,7 +1,18 @@
-"""The one place that builds a SparkSession: Delta, Spark's Kafka source, and the project's jar cache."""
+"""The one place that builds a SparkSession: Delta, Spark's Kafka source, the project's jar cache, and its catalog.
+
+**The catalog.** Spark's own settings choose it: ``spark.sql.catalogImplementation=hive`` with
+``spark.hadoop.hive.metastore.uris=thrift://…`` (or a ``hive-site.xml``) for a shared Hive metastore, or a
+``spark.sql.catalog.spark_catalog`` of your own (Glue, Unity, …), given to ``spark-submit.sh`` as ``--conf``. When
+none is given, a session that asks for a catalog (``catalog=True``: the SQL server, ``./replica catalog``,
+``./replica sql``, notebooks) gets the local default: a Hive metastore in an embedded Derby database in
+``<catalog>/metastore``, its warehouse in ``<catalog>/warehouse`` (``<catalog>`` is ``REPLICA_CATALOG_DIR``, by
+default the state folder). Embedded Derby admits one JVM at a time, so replica jobs never open it: they leave their
+catalog entries for whichever process holds it (:mod:`replica_lib.catalog`).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping
 
@@ -51,18 +62,77 @@ def session_conf(settings: LocalSettings, master: str | None, ui: bool) -> dict[
     return conf
 
 
+#: Settings that choose a catalog: when the user gives any of them, the local default is not applied.
+CATALOG_SETTINGS = ("spark.sql.catalogImplementation", "spark.hadoop.hive.metastore.uris")
+HIVE = "hive"
+_DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+
+
+def catalog_conf(settings: LocalSettings) -> dict[str, str]:
+    """The local default catalog: a Hive metastore on embedded Derby in ``<catalog>/metastore`` (created on first
+    use), its warehouse beside it. Tables of replicas are external (their data stays where the replica wrote it)."""
+    home = settings.catalog_home
+    return {
+        "spark.sql.catalogImplementation": HIVE,
+        "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={home / 'metastore'};create=true",
+        "spark.hadoop.datanucleus.schema.autoCreateAll": "true",
+        "spark.hadoop.hive.metastore.schema.verification": "false",
+        "spark.sql.warehouse.dir": str(home / "warehouse"),
+    }
+
+
+def _catalog_given(launch: Mapping[str, str]) -> bool:
+    """Whether spark-submit (``--conf``, spark-defaults.conf) already chose a catalog for this driver.
+
+    Asking needs the JVM, so it is started here with the session's other settings (``launch``): its packages are
+    resolved at its start, as they would be by ``getOrCreate``.
+    """
+    from pyspark import SparkConf, SparkContext
+
+    if SparkContext._active_spark_context is not None:  # joining a running session: its catalog is set
+        return True
+    settings = SparkConf(loadDefaults=False)
+    for key, value in launch.items():
+        settings.set(key, value)
+    SparkContext._ensure_initialized(conf=settings)  # the JVM, with spark-submit's settings as system properties
+    conf = SparkConf()
+    given = any(conf.contains(key) for key in CATALOG_SETTINGS)
+    return given or conf.get("spark.sql.catalog.spark_catalog", _DELTA_CATALOG) != _DELTA_CATALOG
+
+
+def persistent_catalog(spark: SparkSession) -> bool:
+    """Whether names created in this session outlive it (a Hive metastore or a catalog of the user's own)."""
+    implementation = spark.conf.get("spark.sql.catalogImplementation", "in-memory")
+    return implementation == HIVE or spark.conf.get("spark.sql.catalog.spark_catalog", _DELTA_CATALOG) != _DELTA_CATALOG
+
+
+def local_metastore(spark: SparkSession, settings: LocalSettings) -> bool:
+    """Whether this session's catalog is the local default (embedded Derby, one JVM at a time)."""
+    url = catalog_conf(settings)["spark.hadoop.javax.jdo.option.ConnectionURL"]
+    return persistent_catalog(spark) and spark.conf.get("spark.hadoop.javax.jdo.option.ConnectionURL", "") == url
+
+
 def build_session(
     app_name: str,
     settings: LocalSettings,
     master: str | None = None,
     ui: bool = False,
     extra: Mapping[str, str] | None = None,
+    catalog: bool = False,
 ) -> SparkSession:
-    """Build (or join) the SparkSession. ``master=None`` keeps what spark-submit chose."""
+    """Build (or join) the SparkSession. ``master=None`` keeps what spark-submit chose.
+
+    ``catalog``: the session needs names that outlive it; unless a catalog was chosen by Spark's settings, it gets
+    the local default (:func:`catalog_conf`). Without it, the session keeps Spark's own default (in memory).
+    """
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    for key, value in {**session_conf(settings, master, ui), **dict(extra or {})}.items():
+    conf = {**session_conf(settings, master, ui), **dict(extra or {})}
+    launch = {**conf, "spark.app.name": app_name, **({"spark.master": master} if master else {})}
+    if catalog and not _catalog_given(launch):
+        conf = {**conf, **catalog_conf(settings), **dict(extra or {})}
+    for key, value in conf.items():
         builder = builder.config(key, value)
     try:
         spark = builder.getOrCreate()
@@ -74,5 +144,30 @@ def build_session(
             f"in {settings.state_dir / 'ivy'} after one success). Otherwise check Java 17+ (JAVA_HOME)."
         ) from exc
     spark.sparkContext.setLogLevel("WARN")
+    if local_metastore(spark, settings):  # Derby writes derby.log in the working folder unless told otherwise
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        (settings.catalog_home / "metastore").parent.mkdir(parents=True, exist_ok=True)
+        jvm.java.lang.System.setProperty("derby.stream.error.file", str(settings.catalog_home / "derby.log"))
     logger.info("Spark %s session %r ready (master %s)", spark.version, app_name, spark.sparkContext.master)
     return spark
+
+
+def stop_session(spark: SparkSession, timeout_s: float = 60.0) -> None:
+    """Stop the session and, when this process started Spark's JVM, wait until it has exited.
+
+    The JVM outlives ``stop()`` until it notices that its Python driver is gone; with the local catalog open, Derby's
+    lock goes only with it. A process that held the catalog waits here so that the next one can open it at once.
+    """
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    spark.stop()
+    proc = getattr(gateway, "proc", None)
+    if proc is None or proc.stdin is None:
+        return
+    with contextlib.suppress(OSError):
+        proc.stdin.close()  # Spark's Python gateway exits when its input ends
+    proc.wait(timeout=timeout_s)
+    SparkContext._gateway = None
+    SparkContext._jvm = None

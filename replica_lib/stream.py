@@ -13,6 +13,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from replica_lib.batch import BatchHandler, BatchHooks
+from replica_lib.catalog import register_on_start
 from replica_lib.config import ReplicaConfig
 from replica_lib.errors import TopicError
 from replica_lib.metrics import BatchMetrics
@@ -64,6 +65,7 @@ def _start(
     schemas = ensure_replica_tables(session, cfg)
     claim_checkpoint(session, cfg)
     _check_no_data_loss(session, cfg)
+    register_on_start(session, cfg)  # its catalog names (replica_lib.catalog); never fails the start
     metrics = BatchMetrics(session, cfg)
     session.streams.addListener(metrics)
     handler = BatchHandler(cfg, schemas, hooks, stop_requested, report=metrics.record)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
@@ -17,8 +18,16 @@ from replica_lib.topics import TopicAdmin, TopicSpec
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def catalog_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run's own local catalog: replicas started by tests leave their names there, not in the checkout's."""
+    path = tmp_path_factory.mktemp("catalog")
+    os.environ["REPLICA_CATALOG_DIR"] = str(path)
+    return path
+
+
 @pytest.fixture(scope="session")
-def settings() -> LocalSettings:
+def settings(catalog_dir: Path) -> LocalSettings:
     return local_settings()
 
 
