@@ -186,7 +186,9 @@ def test_a_replica_whose_first_batch_was_all_quarantined_restarts(
     spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
 ) -> None:
     topic = topic_factory(partitions=1)
-    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "quarantined", {"orders": orders_table(topic)})
+    # Skip: this test is of a restart after a batch of quarantined records only, whose keys are then written again.
+    table = orders_table(topic, on_poison="skip")
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "quarantined", {"orders": table})
     produce_raw(connection, topic, [(b'{"order_id": 1}', b"not json"), (b'{"order_id": 2}', b'{"op": "nope"}')])
     run_available_now(spark, cfg)
     assert read_table(spark, cfg.table("orders").target).count() == 0
