@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
+import os
+import re
+import sys
+import threading
+from collections.abc import Iterator, Mapping
 
 from pyspark.sql import SparkSession
 
@@ -112,6 +116,69 @@ def local_metastore(spark: SparkSession, settings: LocalSettings) -> bool:
     return persistent_catalog(spark) and spark.conf.get("spark.hadoop.javax.jdo.option.ConnectionURL", "") == url
 
 
+#: What Spark's JVM prints at every start that tells a user nothing: Ivy's report of the packages it resolved from
+#: its cache (about 60 lines), Spark's log4j banner, and warnings of every local run and of the local catalog
+#: that ask nothing of anyone. What Ivy says of a
+#: download or of a dependency it could not resolve, and every other line, passes.
+_JVM_NOISE = re.compile(
+    r"^(:: (loading settings|resolving dependencies|resolution report|retrieving) :: "
+    r"|Ivy Default Cache set to: |The jars for the packages stored in: "
+    r"|\S+#\S+ added as a dependency$"
+    r"|\t(confs: \[|found \S+ in \S+$|:: evicted modules:$|-+$|\|.*\|$)"
+    r"|\t\S+ (by \[[^]]*\] |transitively )in \[\w+\]$"
+    r"|\t\d+ artifacts copied, \d+ already retrieved"
+    r"|Using Spark's default log4j profile: |Setting default log level to \"WARN\"\.$"
+    r"|To adjust logging level use sc\.setLogLevel|WARNING: Using incubator modules: jdk\.incubator\.vector$"
+    r"|.* WARN NativeCodeLoader: Unable to load native-hadoop library"
+    r"|.* WARN SparkStringUtils: Truncated the string representation of a plan"
+    # The local catalog (a Hive metastore) on every start, and for every Delta table it registers:
+    r"|.* WARN HiveExternalCatalog: Couldn't find corresponding Hive SerDe for data source provider delta\."
+    r"|.* WARN SessionState: METASTORE_FILTER_HOOK will be ignored"
+    r"|.* WARN HiveConf: HiveConf of name hive\.internal\.ss\.authz\.settings\.applied\.marker does not exist)"
+)
+
+
+def _forward(source: int, sink: int) -> None:
+    """Copy the JVM's output to our stderr, line by line, without the lines of :data:`_JVM_NOISE`."""
+    with os.fdopen(source, "rb") as lines, os.fdopen(sink, "wb", buffering=0) as out:
+        for line in lines:
+            if not _JVM_NOISE.match(line.decode("utf-8", "replace")):
+                with contextlib.suppress(OSError):
+                    out.write(line)
+
+
+@contextlib.contextmanager
+def _quiet_jvm() -> Iterator[None]:
+    """Start Spark's JVM (inside the block) with its output through a thread that drops its start-up noise.
+
+    The JVM inherits the process's stdout and stderr when pyspark starts it; for that moment both are a pipe read
+    by a daemon thread, which copies what the JVM writes to stderr, for as long as it runs. So stdout carries only
+    what the job itself prints (Ivy writes its first line to the JVM's stdout, which would precede a command's
+    ``--json``), and this process's own streams are put back at once, never delayed or reordered.
+    """
+    from pyspark import SparkContext
+
+    if SparkContext._gateway is not None:  # the JVM runs already: nothing is started here
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    source, pipe = os.pipe()
+    threading.Thread(target=_forward, args=(source, os.dup(2)), name="replica-jvm-output", daemon=True).start()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    for fd in saved:
+        os.dup2(pipe, fd)
+    os.close(pipe)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, original in saved.items():
+            os.dup2(original, fd)
+            os.close(original)
+
+
 def build_session(
     app_name: str,
     settings: LocalSettings,
@@ -130,12 +197,14 @@ def build_session(
         builder = builder.master(master)
     conf = {**session_conf(settings, master, ui), **dict(extra or {})}
     launch = {**conf, "spark.app.name": app_name, **({"spark.master": master} if master else {})}
-    if catalog and not _catalog_given(launch):
-        conf = {**conf, **catalog_conf(settings), **dict(extra or {})}
+    with _quiet_jvm():
+        if catalog and not _catalog_given(launch):
+            conf = {**conf, **catalog_conf(settings), **dict(extra or {})}
     for key, value in conf.items():
         builder = builder.config(key, value)
     try:
-        spark = builder.getOrCreate()
+        with _quiet_jvm():
+            spark = builder.getOrCreate()
     except Exception as exc:  # the JVM did not start: Java or the first jar download are the usual causes
         raise SetupError(
             f"Spark could not start ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}). On a first "

@@ -1,0 +1,61 @@
+"""replica_lib.session: what of the JVM's start-up output a user sees."""
+
+from __future__ import annotations
+
+from replica_lib.session import _JVM_NOISE
+
+#: What spark-submit printed at the start of ./replica status, its packages already in the cache (abridged).
+START_UP = """\
+WARNING: Using incubator modules: jdk.incubator.vector
+:: loading settings :: file = /work/replica_lib/resources/ivysettings.xml
+:: loading settings :: url = jar:file:/v/pyspark/jars/ivy-2.5.3.jar!/org/apache/ivy/core/settings/ivysettings.xml
+Ivy Default Cache set to: /work/.state/ivy/cache
+The jars for the packages stored in: /work/.state/ivy/jars
+io.delta#delta-spark_4.2_2.13 added as a dependency
+org.apache.spark#spark-sql-kafka-0-10_2.13 added as a dependency
+:: resolving dependencies :: org.apache.spark#spark-submit-parent-38ca697e-1719-4cac-8970-f26da7118f9b;1.0
+\tconfs: [default]
+\tfound io.delta#delta-spark_4.2_2.13;4.4.0 in central
+\tfound org.apache.kafka#kafka-clients;3.9.2 in central
+:: resolution report :: resolve 1351ms :: artifacts dl 22ms
+\t:: evicted modules:
+\torg.slf4j#slf4j-api;2.0.17 by [org.slf4j#slf4j-api;2.0.13] in [default]
+\tcommons-logging#commons-logging;1.3.0 transitively in [default]
+\t---------------------------------------------------------------------
+\t|                  |            modules            ||   artifacts   |
+\t|       conf       | number| search|dwnlded|evicted|| number|dwnlded|
+\t|      default     |   47  |   0   |   0   |   9   ||   38  |   0   |
+:: retrieving :: org.apache.spark#spark-submit-parent-38ca697e-1719-4cac-8970-f26da7118f9b
+\t0 artifacts copied, 38 already retrieved (0kB/19ms)
+26/11/25 20:27:20 WARN NativeCodeLoader: Unable to load native-hadoop library for your platform... using builtin
+Using Spark's default log4j profile: org/apache/spark/log4j2-defaults.properties
+Setting default log level to "WARN".
+To adjust logging level use sc.setLogLevel(newLevel). For SparkR, use setLogLevel(newLevel).
+26/11/25 20:27:32 WARN SparkStringUtils: Truncated the string representation of a plan since it was too large.
+26/11/25 20:34:56 WARN HiveExternalCatalog: Couldn't find corresponding Hive SerDe for data source provider delta. \
+Persisting data source table `spark_catalog`.`orders_a`.`orders__raw` into Hive metastore in Spark SQL specific format.
+26/11/25 20:34:56 WARN SessionState: METASTORE_FILTER_HOOK will be ignored, since hive.security.authorization.manager
+26/11/25 20:34:56 WARN HiveConf: HiveConf of name hive.internal.ss.authz.settings.applied.marker does not exist
+"""
+
+#: What must still reach the user: a download in progress, a dependency Ivy could not resolve, any other warning.
+KEPT = """\
+downloading https://repo1.maven.org/maven2/io/delta/delta-spark_4.2_2.13/4.4.0/delta-spark_4.2_2.13-4.4.0.jar ...
+\t[SUCCESSFUL ] io.delta#delta-spark_4.2_2.13;4.4.0!delta-spark_4.2_2.13.jar (812ms)
+\t\t::::::::::::::::::::::::::::::::::::::::::::::
+\t\t::          UNRESOLVED DEPENDENCIES         ::
+\t\t:: io.delta#delta-spark_4.2_2.13;9.9.9: not found
+:: USE VERBOSE OR DEBUG MESSAGE LEVEL FOR MORE DETAILS
+Exception in thread "main" java.lang.RuntimeException: [unresolved dependency: io.delta#delta-spark_4.2_2.13;9.9.9]
+26/11/25 20:27:40 WARN KafkaDataConsumer: KafkaDataConsumer is not running in UninterruptibleThread.
+"""
+
+
+def test_the_start_up_report_is_dropped() -> None:
+    kept = [line for line in START_UP.splitlines(keepends=True) if not _JVM_NOISE.match(line)]
+    assert kept == []
+
+
+def test_downloads_failures_and_other_warnings_pass() -> None:
+    dropped = [line for line in KEPT.splitlines(keepends=True) if _JVM_NOISE.match(line)]
+    assert dropped == []
