@@ -28,11 +28,11 @@ from typing import Any
 
 from replica_dev import maven
 from replica_dev.embedded_kafka import die_with, free_port
+from replica_dev.polling import wait_for
 from replica_lib.errors import ConnectError
 
 logger = logging.getLogger(__name__)
 
-_POLL_S = 0.2
 _REST_TIMEOUT_S = 30.0
 
 
@@ -107,7 +107,7 @@ class ConnectClient:
                     raise ConnectError(f"connector {name}: {what} failed: {trace[0] if trace else 'no trace'}")
             return len(parts) > 1 and all(part["state"] == "RUNNING" for _, part in parts)
 
-        wait_for(running, timeout_s, f"connector {name} to run")
+        wait_for(running, timeout_s, f"connector {name} to run", ConnectError)
 
     def wait_offset(self, name: str, reached: Callable[[dict[str, Any]], bool], timeout_s: float = 120.0) -> None:
         """Wait until a committed offset of the connector satisfies ``reached``; a failed task raises."""
@@ -116,16 +116,7 @@ class ConnectClient:
             self.wait_running(name, timeout_s)
             return any(reached(entry["offset"]) for entry in self.offsets(name))
 
-        wait_for(done, timeout_s, f"connector {name} to commit the offset awaited")
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll ``condition`` until it holds; :class:`ConnectError` naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise ConnectError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(_POLL_S)
+        wait_for(done, timeout_s, f"connector {name} to commit the offset awaited", ConnectError)
 
 
 class KafkaConnect:
@@ -191,7 +182,10 @@ class KafkaConnect:
         out.close()
         try:
             wait_for(
-                self._ready, self.start_timeout_s, f"Kafka Connect to start (log: {self.data_dir / 'connect.log'})"
+                self._ready,
+                self.start_timeout_s,
+                f"Kafka Connect to start (log: {self.data_dir / 'connect.log'})",
+                ConnectError,
             )
         except BaseException:
             self.stop()

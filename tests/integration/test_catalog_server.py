@@ -12,7 +12,6 @@ import csv
 import io
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from replica_dev.model import LoggedChange, fold
+from replica_dev.polling import wait_for
 from replica_lib.catalog import metastore_holder, pending
 from replica_lib.config import PROJECT_ROOT, local_settings
 from replica_lib.server import BeelineResult, beeline, running_server
@@ -73,11 +73,15 @@ def served(two_replicas: TwoReplicas, tmp_path_factory: pytest.TempPathFactory) 
     def lines() -> list[str]:
         return log_path.read_text().splitlines()
 
+    def ready() -> bool:
+        assert server.poll() is None, "\n".join(lines()[-80:])
+        return any(line.startswith("SQL server ready: ") for line in lines())
+
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not any(line.startswith("SQL server ready: ") for line in lines()):
-            assert server.poll() is None and time.monotonic() < deadline, "\n".join(lines()[-80:])
-            time.sleep(0.2)  # waiting for the server's ready line, with a deadline
+        try:
+            wait_for(ready, START_TIMEOUT_S, "the SQL server's ready line")
+        except TimeoutError as exc:
+            raise AssertionError("\n".join(lines()[-80:])) from exc
         url = next(line for line in lines() if line.startswith("SQL server ready: ")).split(": ", 1)[1].strip()
         yield Served(url, catalog_dir, env, two_replicas)
     finally:
@@ -174,9 +178,6 @@ def test_a_replica_starting_while_the_server_runs_registers_through_it(
     assert beeline(served.url, "DROP VIEW served_b.orders").error is None
     monkeypatch.setenv("REPLICA_CATALOG_DIR", str(served.catalog_dir))
     run_available_now(spark, served.replicas.b)  # nothing new in the log: it starts, leaves its names, and stops
-    deadline = time.monotonic() + 60
-    while pending(local_settings()):
-        assert time.monotonic() < deadline, "the server did not take the replica's names"
-        time.sleep(0.2)  # the server takes pending names every second
+    wait_for(lambda: not pending(local_settings()), 60, "the server to take the replica's names (every second)")
     _, rows = _rows(beeline(served.url, "SELECT * FROM served_b.orders", "csv2"))
     assert rows == _expected(served.replicas.log, COLUMNS)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from nbclient import NotebookClient
 
 import replica_lib
 from replica_dev.model import LoggedChange, fold
+from replica_dev.polling import wait_for
 from replica_lib.catalog import metastore_holder
 from replica_lib.config import PROJECT_ROOT, local_settings
 from tests.integration.conftest import TwoReplicas
@@ -60,10 +60,7 @@ def test_the_notebooks_run_headless(two_replicas: TwoReplicas, tmp_path: Path, m
     monkeypatch.setenv("REPLICA_CATALOG_DIR", str(tmp_path / "catalog"))
     for name in NOTEBOOKS:
         # The previous kernel's JVM outlives it a moment, with the local catalog open: the next waits for it.
-        deadline = time.monotonic() + 60
-        while metastore_holder(local_settings()):
-            assert time.monotonic() < deadline, "the previous notebook's JVM kept the local catalog open"
-            time.sleep(0.2)  # waiting for that JVM to exit, with a deadline
+        wait_for(lambda: not metastore_holder(local_settings()), 60, "the previous notebook's JVM to exit")
         client = NotebookClient(
             _stored(name),
             timeout=CELL_TIMEOUT_S,
