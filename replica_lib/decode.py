@@ -16,8 +16,8 @@ _event_ts, _tombstone, _key_json, _data_json, _error``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from functools import reduce
+from collections.abc import Callable, Sequence
+from functools import lru_cache, reduce
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -67,12 +67,38 @@ ENVELOPE_COLUMNS = (
 ROW = "_row"
 
 
+#: One step of a decode: a projection or a filter of the frame, its expressions already built.
+Step = Callable[[DataFrame], DataFrame]
+#: Schemas whose decode steps are kept (a replica has one per table, and a new one per evolution of a table).
+_CACHED_SCHEMAS = 64
+
+
+def _apply(df: DataFrame, steps: Sequence[Step]) -> DataFrame:
+    """``df`` through ``steps``.
+
+    A decode's expressions are unresolved and depend only on the table's schema, not on the batch: they are built
+    once per schema (:data:`_CACHED_SCHEMAS`) and applied to every batch. Building them is thousands of calls into
+    the JVM, which would cost every batch about half a second of the driver's time.
+    """
+    for step in steps:
+        df = step(df)
+    return df
+
+
+def _select(*columns: Column) -> Step:
+    return lambda df: df.select(*columns)
+
+
+def _with(name: str, column: Column) -> Step:
+    return lambda df: df.withColumn(name, column)
+
+
 def _no_error() -> Column:
     return F.lit(None).cast("string")
 
 
-def _raw(raw_df: DataFrame) -> DataFrame:
-    return raw_df.select(
+def _raw() -> Step:
+    return _select(
         F.col("topic").alias("_topic"),
         F.col("partition").alias("_partition"),
         F.col("offset").alias("_offset"),
@@ -194,10 +220,19 @@ def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig], data: T.S
     is parsed again as before (envelope first, its ``data`` as text for :func:`table_changes`), so that every
     rejected record gets the same reason either way.
     """
+    return _apply(raw_df, _native_steps(tuple(tables), data))
+
+
+@lru_cache(maxsize=_CACHED_SCHEMAS)
+def _native_steps(tables: tuple[TableConfig, ...], data: T.StructType | None) -> tuple[Step, ...]:
     text = F.col("_value").cast("string")
-    parsed_df = _raw(raw_df).withColumn("_strict", _strict(text))
-    parsed_df = parsed_df.withColumn("_single", F.is_valid_utf8(text) & _single(text, F.col("_strict")))
-    parsed_df, clean = _native_parse(parsed_df, data)
+    parse, clean = _native_parse(data)
+    head = (
+        _raw(),
+        _with("_strict", _strict(text)),
+        _with("_single", F.is_valid_utf8(text) & _single(text, F.col("_strict"))),
+        *parse,
+    )
     env = F.col("_env")
     is_tombstone = F.col("_value").isNull()
     table, route_error = _route(tables, env["table"])
@@ -205,7 +240,7 @@ def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig], data: T.S
         [] if data is None else [F.when(clean, F.col("_typed")["data"]).alias(typed_data_column(tables[0].name))]
     )
     one_table = F.lit(tables[0].name) if len(tables) == 1 else F.lit(None).cast("string")
-    return parsed_df.select(
+    return *head, _select(
         *_raw_columns(),
         F.when(is_tombstone, one_table).otherwise(table).alias("_table"),
         F.when(is_tombstone, F.lit("delete")).otherwise(env["op"]).alias("_op"),
@@ -228,13 +263,13 @@ def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig], data: T.S
     )
 
 
-def _native_parse(parsed_df: DataFrame, data: T.StructType | None) -> tuple[DataFrame, Column]:
-    """``parsed_df`` with the envelope in ``_env`` (and, given ``data``, the typed parse in ``_typed``), and the
+def _native_parse(data: T.StructType | None) -> tuple[tuple[Step, ...], Column]:
+    """The steps that put the envelope in ``_env`` (and, given ``data``, the typed parse in ``_typed``), and the
     condition under which a record was taken cleanly by the typed parse (always false without ``data``)."""
     text = F.col("_value").cast("string")
     if data is None:
-        return parsed_df.withColumn("_env", F.from_json(text, NATIVE_ENVELOPE, _PERMISSIVE)), F.lit(False)
-    parsed_df = parsed_df.withColumn("_typed", F.from_json(text, _typed_envelope(data), _PERMISSIVE))
+        return (_with("_env", F.from_json(text, NATIVE_ENVELOPE, _PERMISSIVE)),), F.lit(False)
+    typed_step = _with("_typed", F.from_json(text, _typed_envelope(data), _PERMISSIVE))
     typed = F.col("_typed")
     # A clean record is also exactly one strict JSON text in UTF-8 with no value coerced into a STRING column.
     coerced = [
@@ -259,7 +294,8 @@ def _native_parse(parsed_df: DataFrame, data: T.StructType | None) -> tuple[Data
     # `data` is only tested for presence on a clean record (its typed form is in the typed column).
     present = F.when(typed["data"].isNotNull(), F.lit("")).cast("string").alias("data")
     none = F.lit(None).cast("string").alias("_corrupt")
-    return parsed_df.withColumn("_env", F.when(clean, F.struct(*fields, present, none)).otherwise(untyped)), clean
+    env_step = _with("_env", F.when(clean, F.struct(*fields, present, none)).otherwise(untyped))
+    return (typed_step, env_step), clean
 
 
 def _native_error(route_error: Column) -> Column:
@@ -293,18 +329,23 @@ def _typed_envelope(data: T.StructType) -> T.StructType:
 
 def debezium_envelopes(raw_df: DataFrame, table: TableConfig, data_columns: Sequence[str]) -> DataFrame:
     """Envelopes of Debezium's JSON format, with or without the ``schema``/``payload`` wrapper."""
+    return _apply(raw_df, _debezium_steps(table, tuple(data_columns)))
+
+
+@lru_cache(maxsize=_CACHED_SCHEMAS)
+def _debezium_steps(table: TableConfig, data_columns: tuple[str, ...]) -> tuple[Step, ...]:
     text = F.col("_value").cast("string")
     key_text = F.col("_key").cast("string")
     outer = F.col("_outer")
     wrapped = outer["payload"].isNotNull() & outer["op"].isNull()
-    staged_df = (
-        _raw(raw_df)
-        .withColumn("_strict", _strict(text))
-        .withColumn("_single", _single(text, F.col("_strict")))
-        .withColumn("_outer", F.from_json(text, DEBEZIUM_OUTER, _PERMISSIVE))
-        .withColumn("_payload_text", F.when(wrapped, outer["payload"]).otherwise(text))
-        .withColumn("_payload", F.from_json(F.col("_payload_text"), DEBEZIUM_PAYLOAD, _PERMISSIVE))
-        .withColumn("_key_outer", F.from_json(key_text, "schema STRING, payload STRING"))
+    staged = (
+        _raw(),
+        _with("_strict", _strict(text)),
+        _with("_single", _single(text, F.col("_strict"))),
+        _with("_outer", F.from_json(text, DEBEZIUM_OUTER, _PERMISSIVE)),
+        _with("_payload_text", F.when(wrapped, outer["payload"]).otherwise(text)),
+        _with("_payload", F.from_json(F.col("_payload_text"), DEBEZIUM_PAYLOAD, _PERMISSIVE)),
+        _with("_key_outer", F.from_json(key_text, "schema STRING, payload STRING")),
     )
     payload_text, payload, key_outer = F.col("_payload_text"), F.col("_payload"), F.col("_key_outer")
     key_json = F.when(
@@ -331,7 +372,7 @@ def debezium_envelopes(raw_df: DataFrame, table: TableConfig, data_columns: Sequ
         ),
         (is_upsert & payload["after"].isNull(), "Debezium change without 'after'"),
     )
-    return staged_df.select(
+    return *staged, _select(
         *_raw_columns(),
         F.lit(table.name).alias("_table"),
         F.when(is_tombstone | (dbz_op == "d"), F.lit("delete")).otherwise(F.lit("upsert")).alias("_op"),
@@ -387,11 +428,21 @@ def table_changes(
     ``alone``: the replica has no other table, so every envelope is this table's or unrouted: no routing filter
     (Spark would push it below the envelope's parse and parse every record again to evaluate it).
     """
+    # What of the envelope's columns the expressions depend on (besides the schema): whether it holds the rows
+    # typed already, and the records' Debezium field schemas.
+    present = frozenset(env_df.columns) & {typed_data_column(schema.table.name), logical.CONNECT_FIELDS}
+    return _apply(env_df, _table_steps(schema, present, unrouted, alone, keep_raw))
+
+
+@lru_cache(maxsize=_CACHED_SCHEMAS)
+def _table_steps(
+    schema: TableSchema, present: frozenset[str], unrouted: bool, alone: bool, keep_raw: bool
+) -> tuple[Step, ...]:
     table = schema.table
     mine = F.col("_table") == table.name
-    staged_df = _typed_key_and_data(
-        env_df if alone else env_df.where(mine | F.col("_table").isNull() if unrouted else mine), env_df, schema
-    )
+    routed = mine | F.col("_table").isNull() if unrouted else mine
+    routing: tuple[Step, ...] = () if alone else (lambda df: df.where(routed),)
+    staged = (*routing, *_typed_key_and_data(present, schema))
     seq = _sequence(schema)
     error = _first_error(
         (F.col("_error").isNotNull(), F.col("_error")),
@@ -409,7 +460,7 @@ def table_changes(
         .alias(f.name)
         for f in schema.kept.fields
     ]
-    changes_df = staged_df.select(
+    changes = _select(
         *row_columns,
         F.col("_op"),
         seq.alias("_seq"),
@@ -417,22 +468,21 @@ def table_changes(
         *[F.col(c) for c in ("_key", "_value", "_table")],
         error.alias("_error"),
         F.when(F.col("_op") == "upsert", F.col(ROW)).alias(ROW),
-        (F.col(logical.CONNECT_FIELDS) if logical.CONNECT_FIELDS in env_df.columns else F.lit(None)).alias(
+        (F.col(logical.CONNECT_FIELDS) if logical.CONNECT_FIELDS in present else F.lit(None)).alias(
             logical.CONNECT_FIELDS
         ),
     )
     # The raw record is kept only where it is quarantined: a valid change's bytes would only weigh on the batch's
     # local checkpoint and on the ordering's shuffle. (A projection of its own: ``_error`` is computed once.)
     if keep_raw:
-        return changes_df
+        return *staged, changes
     rejected_only = F.col("_error").isNotNull()
-    return changes_df.withColumns(
-        {"_key": F.when(rejected_only, F.col("_key")), "_value": F.when(rejected_only, F.col("_value"))}
-    )
+    raw_if_rejected = {"_key": F.when(rejected_only, F.col("_key")), "_value": F.when(rejected_only, F.col("_value"))}
+    return *staged, changes, lambda df: df.withColumns(raw_if_rejected)
 
 
-def _typed_key_and_data(mine_df: DataFrame, env_df: DataFrame, schema: TableSchema) -> DataFrame:
-    """``mine_df`` with the key typed (``_k``), the row typed (``_d``), whether the key is plain or one JSON value
+def _typed_key_and_data(present: frozenset[str], schema: TableSchema) -> tuple[Step, ...]:
+    """The steps that add the key typed (``_k``), the row typed (``_d``), whether the key is plain or one JSON value
     (``_key_plain``, ``_key_single``) and the names of the row's mistyped columns (``_bad``), each computed once."""
     keys = list(schema.table.keys)
     key_text = F.col("_key").cast("string")
@@ -442,8 +492,8 @@ def _typed_key_and_data(mine_df: DataFrame, env_df: DataFrame, schema: TableSche
         ", ",
         *[
             F.when(
-                _mistyped(f, data_struct, data_strict, _connect(env_df, schema)),
-                _bad_column(f, _connect(env_df, schema)),
+                _mistyped(f, data_struct, data_strict, _connect(present, schema)),
+                _bad_column(f, _connect(present, schema)),
             )
             for f in schema.data.fields
         ],
@@ -463,11 +513,11 @@ def _typed_key_and_data(mine_df: DataFrame, env_df: DataFrame, schema: TableSche
         data_struct["_corrupt"].isNotNull(),
     )
     return (
-        mine_df.withColumn("_k", F.from_json(F.col("_key_json"), _with_corrupt(schema.key_schema), _PERMISSIVE))
-        .withColumn("_d", _data(env_df, schema))
-        .withColumn("_key_plain", _plain_key(key_text, F.col("_k"), keys))
-        .withColumn("_key_single", F.col("_key_plain") | _single(key_text, _strict(key_text)))
-        .withColumn("_bad", F.when((F.col("_op") == "upsert") & suspect, bad_columns))
+        _with("_k", F.from_json(F.col("_key_json"), _with_corrupt(schema.key_schema), _PERMISSIVE)),
+        _with("_d", _data(present, schema)),
+        _with("_key_plain", _plain_key(key_text, F.col("_k"), keys)),
+        _with("_key_single", F.col("_key_plain") | _single(key_text, _strict(key_text))),
+        _with("_bad", F.when((F.col("_op") == "upsert") & suspect, bad_columns)),
     )
 
 
@@ -549,14 +599,14 @@ def _sequence(schema: TableSchema) -> Column:
     return F.col("_seq")
 
 
-def _data(env_df: DataFrame, schema: TableSchema) -> Column:
+def _data(present: frozenset[str], schema: TableSchema) -> Column:
     """The row of a change, typed: parsed from ``_data_json``, unless the envelope's parse typed it already.
 
     A Debezium row's TIMESTAMP, DATE and DECIMAL columns are read as text and converted by the logical type the
     record's schema gives them (:mod:`replica_lib.logical`); a native row's are read as declared.
     """
     special = [f for f in schema.data.fields if logical.is_temporal_or_decimal(f.dataType)]
-    connect = _connect(env_df, schema)
+    connect = _connect(present, schema)
     # A Debezium STRING column may also hold a time of day, which arrives as a count in the unit of its logical type.
     by_schema = [f for f in schema.data.fields if f in special or isinstance(f.dataType, T.StringType)]
     if connect is not None and by_schema:
@@ -571,7 +621,7 @@ def _data(env_df: DataFrame, schema: TableSchema) -> Column:
         return F.struct(*values, text["_corrupt"].alias("_corrupt"))
     parsed = F.from_json(F.col("_data_json"), _with_corrupt(schema.data), _PERMISSIVE)
     name = typed_data_column(schema.table.name)
-    if name in env_df.columns:
+    if name in present:
         typed = F.col(f"`{name}`")
         fields = [typed[f.name].alias(f.name) for f in schema.data.fields]
         none = F.lit(None).cast("string").alias("_corrupt")
@@ -610,9 +660,9 @@ def _plain_key(key_text: Column, key_struct: Column, columns: Sequence[str]) -> 
     return F.coalesce(plain, F.lit(False))
 
 
-def _connect(env_df: DataFrame, schema: TableSchema) -> Column | None:
+def _connect(present: frozenset[str], schema: TableSchema) -> Column | None:
     """A Debezium table's column of the records' field schemas (:data:`logical.CONNECT_FIELDS`), else None."""
-    if schema.table.format == "debezium" and logical.CONNECT_FIELDS in env_df.columns:
+    if schema.table.format == "debezium" and logical.CONNECT_FIELDS in present:
         return F.col(logical.CONNECT_FIELDS)
     return None
 
