@@ -749,11 +749,22 @@ def _observed(
     timestamps and decimals as Java objects, and the cast round trip is exact for every type of
     :data:`RANGE_TYPES`.
     """
+    observation = Observation()
+    observed = changes_df.observe(observation, *_change_counts(schema, fields)).drop(decode.ROW, logical.CONNECT_FIELDS)
+    winners = None
+    if ranked:
+        winners = Observation()
+        ranked_df = one_per_key(observed, schema.table.keys, late=True)
+        observed = ranked_df.observe(winners, *_winner_counts()).drop("_late")
+    return observed.localCheckpoint(), observation, winners
+
+
+@functools.lru_cache(maxsize=64)
+def _change_counts(schema: TableSchema, fields: bool) -> tuple[Column, ...]:
+    """What :func:`_observed` counts of every change (built once per schema, as the decode's expressions)."""
     ok, is_delete = F.col("_error").isNull(), F.col("_op") == "delete"
     key = F.col(f"`{schema.table.keys[0]}`")
-    observation = Observation()
-    observed = changes_df.observe(
-        observation,
+    return (
         F.count(F.when(ok, 1)).alias("valid"),
         F.count(F.col("_error")).alias("rejected"),
         F.count(F.when(ok & is_delete, 1)).alias("deletes"),
@@ -764,21 +775,18 @@ def _observed(
         F.max(F.when(ok & F.col("_tombstone"), key)).cast("string").alias("tombstone_high"),
         F.count(F.lit(1)).alias("records"),
         *(evolution.observations(schema) if fields else []),
-    ).drop(decode.ROW, logical.CONNECT_FIELDS)
-    winners = None
-    if ranked:
-        winners = Observation()
-        observed = (
-            one_per_key(observed, schema.table.keys, late=True)
-            .observe(
-                winners,
-                F.count(F.when(ok & (F.col("_op") == "upsert"), 1)).alias("upserts"),
-                F.count(F.when(ok & is_delete, 1)).alias("deletes"),
-                F.count(F.when(F.col("_late"), 1)).alias("late"),
-            )
-            .drop("_late")
-        )
-    return observed.localCheckpoint(), observation, winners
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _winner_counts() -> tuple[Column, ...]:
+    """What :func:`_observed` counts of the winners."""
+    ok = F.col("_error").isNull()
+    return (
+        F.count(F.when(ok & (F.col("_op") == "upsert"), 1)).alias("upserts"),
+        F.count(F.when(ok & (F.col("_op") == "delete"), 1)).alias("deletes"),
+        F.count(F.when(F.col("_late"), 1)).alias("late"),
+    )
 
 
 def _summary(observation: Observation, winners: Observation | None, schema: TableSchema) -> _Summary:

@@ -15,6 +15,7 @@ not applied (see :func:`newer`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -125,23 +126,31 @@ def one_per_key(changes_df: DataFrame, keys: Sequence[str], late: bool = False) 
     without tombstones; a tombstone on a sequenced table needs the changes before it and the table's state.
     Rejected records (``_error`` set) are grouped by their log coordinates, so copies of one record count once.
     """
+    group, aggregates, selected = _ranking(tuple(changes_df.columns), tuple(keys), late)
+    return changes_df.groupBy(*group).agg(*aggregates).select(*selected)
+
+
+@lru_cache(maxsize=64)
+def _ranking(
+    columns: tuple[str, ...], keys: tuple[str, ...], late: bool
+) -> tuple[tuple[Column, ...], tuple[Column, ...], tuple[Column, ...]]:
+    """The grouping, aggregates and output of :func:`one_per_key` for a frame of ``columns``: built once per
+    schema, like the decode's expressions (they are the same for every batch)."""
     ok = F.col("_error").isNull()
     group = [F.when(ok, F.col(f"`{k}`")).alias(f"_group_{i}") for i, k in enumerate(keys)]
     group += [F.when(~ok, F.col(c)).alias(f"_group{c}") for c in _COORDINATES]
     version = version_of(F.col("_seq"), F.col("_partition"), F.col("_offset"))
-    change = F.struct(*[F.col(f"`{c}`") for c in changes_df.columns])
+    change = F.struct(*[F.col(f"`{c}`") for c in columns])
+    fields = [F.col("_change")[c].alias(c) for c in columns]
     if not late:
-        ranked = changes_df.groupBy(*group).agg(F.max_by(change, version).alias("_change"))
-        return ranked.select(*[F.col("_change")[c].alias(c) for c in changes_df.columns])
+        return tuple(group), (F.max_by(change, version).alias("_change"),), tuple(fields)
     # The key's last change in the log, beside its winner, in the same aggregation.
     last = F.max_by(F.struct(F.col("_seq"), F.col("_tombstone")), F.struct(F.col("_partition"), F.col("_offset")))
-    ranked = changes_df.groupBy(*group).agg(F.max_by(change, version).alias("_change"), last.alias("_last"))
     is_late = (
         F.col("_change._error").isNull() & ~F.col("_last._tombstone") & (F.col("_last._seq") < F.col("_change._seq"))
     )
-    return ranked.select(
-        *[F.col("_change")[c].alias(c) for c in changes_df.columns], F.coalesce(is_late, F.lit(False)).alias("_late")
-    )
+    aggregates = (F.max_by(change, version).alias("_change"), last.alias("_last"))
+    return tuple(group), aggregates, (*fields, F.coalesce(is_late, F.lit(False)).alias("_late"))
 
 
 def unapplied(winners_df: DataFrame, keys: Sequence[str], states_df: DataFrame | None) -> DataFrame:
