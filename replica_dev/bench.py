@@ -328,9 +328,9 @@ class Bench:
             if prefill:
                 self.prefill(contender, str(base / "table"), prefill, topic)
             self.stages[name] = []
-            return start_replica(
-                self.spark, cfg, available_now=once, hooks=BatchHooks(after_batch=self.stages[name].append)
-            )
+            hooks = BatchHooks(after_batch=self.stages[name].append)
+            # Its tables are gone with the run: no names of it in the user's catalog.
+            return start_replica(self.spark, cfg, available_now=once, hooks=hooks, register=False)
         if contender == "peer":
             query: StreamingQuery = self.peer.start(self.spark, self, topic, base, batch_size, once, prefill)
             return query

@@ -39,12 +39,15 @@ def start_replica(
     available_now: bool | None = None,
     hooks: BatchHooks | None = None,
     stop_requested: Callable[[], bool] | None = None,
+    register: bool = True,
 ) -> StreamingQuery:
     """Check the checkpoint and the log, create missing tables, then start the replica's query.
 
     The query runs in its own session (so its Delta write confs are its own) and is named after the replica.
+    ``register=False``: leave the replica's names out of the catalog (a throwaway replica, such as the
+    benchmark's, whose tables are gone when it ends).
     """
-    return _start(spark, cfg, available_now, hooks, stop_requested)[0]
+    return _start(spark, cfg, available_now, hooks, stop_requested, register)[0]
 
 
 def _start(
@@ -53,6 +56,7 @@ def _start(
     available_now: bool | None,
     hooks: BatchHooks | None,
     stop_requested: Callable[[], bool] | None,
+    register: bool = True,
 ) -> tuple[StreamingQuery, BatchHandler, BatchMetrics]:
     # The file was checked when it was loaded; what needs storage comes next, and the broker only then, so that a
     # refused checkpoint creates no table and a bad checkpoint is not reported as an unreachable broker.
@@ -65,7 +69,8 @@ def _start(
     schemas = ensure_replica_tables(session, cfg)
     claim_checkpoint(session, cfg)
     _check_no_data_loss(session, cfg)
-    register_on_start(session, cfg)  # its catalog names (replica_lib.catalog); never fails the start
+    if register:
+        register_on_start(session, cfg)  # its catalog names (replica_lib.catalog); never fails the start
     metrics = BatchMetrics(session, cfg)
     session.streams.addListener(metrics)
     handler = BatchHandler(cfg, schemas, hooks, stop_requested, report=metrics.record)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from replica_lib.config import PROJECT_ROOT
+from replica_lib.catalog import pending_dir
+from replica_lib.config import PROJECT_ROOT, local_settings
 
 pytestmark = pytest.mark.integration
 
@@ -31,6 +32,8 @@ def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, st
         "--workdir": tmp_path / "work",
         "--out": out,
     }
+    pending = pending_dir(local_settings())
+    pending_before = set(pending.glob("*.json"))
     proc = subprocess.run(
         [str(PROJECT_ROOT / "spark-submit.sh"), "jobs/dev/bench.py", *(str(x) for kv in args.items() for x in kv)],
         cwd=PROJECT_ROOT,
@@ -40,6 +43,8 @@ def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, st
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # Its replicas are throwaway: none of them is left for the user's catalog to register.
+    assert set(pending.glob("*.json")) <= pending_before
     assert "contender" in proc.stdout and "ours_vs_ceiling" in proc.stdout
 
     (report_path,) = out.glob("bench-*.json")
