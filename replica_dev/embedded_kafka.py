@@ -34,6 +34,7 @@ from typing import Any
 
 from replica_dev import maven
 from replica_lib.errors import BrokerError, SetupError
+from replica_lib.server import alive
 
 logger = logging.getLogger(__name__)
 
@@ -55,17 +56,7 @@ class BrokerProcess:
 
     @property
     def orphaned(self) -> bool:
-        return self.owner_pid != 0 and not _pid_alive(self.owner_pid)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return self.owner_pid != 0 and not alive(self.owner_pid)
 
 
 def find_brokers() -> list[BrokerProcess]:
@@ -505,11 +496,11 @@ def stop_detached(data_dir: Path, timeout_s: float = 30.0) -> BrokerProcess | No
     broker, _ = found
     os.kill(broker.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while _pid_alive(broker.pid) and time.monotonic() < deadline:
+    while alive(broker.pid) and time.monotonic() < deadline:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(broker.pid, os.WNOHANG)
         time.sleep(0.2)
-    if _pid_alive(broker.pid):
+    if alive(broker.pid):
         os.kill(broker.pid, signal.SIGKILL)
     return broker
 
