@@ -62,15 +62,18 @@ def state_sql(schema: TableSchema, base: str, changes: str, tombstones: str) -> 
     """The state of a merge-on-read table as one SQL query over its three tables (names or ``delta.`path```).
 
     Keys without pending changes read the base as it is (no ranking, no shuffle of the base); only the keys
-    that have some are ranked, among their pending changes, base row and retained deletes.
+    that have some are ranked, among their pending changes, base row and retained deletes. The base and the
+    deletes are matched against the change log itself: a semi or anti join needs no distinct build side (a
+    ``DISTINCT`` of the keys would cost a shuffle and a Spark job in every query).
     """
     keys = list(schema.table.keys)
     columns = [f.name for f in schema.replica_schema.fields]
     cols = ", ".join(_quote(c) for c in columns)
     key_list = ", ".join(_quote(k) for k in keys)
 
-    def same_key(alias: str) -> str:
-        return " AND ".join(f"p.{_quote(k)} = {alias}.{_quote(k)}" for k in keys)
+    def pending(alias: str) -> str:
+        same_key = " AND ".join(f"p.{_quote(k)} = {alias}.{_quote(k)}" for k in keys)
+        return f"EXISTS (SELECT 1 FROM {changes} p WHERE {same_key})"
 
     as_delete = ", ".join(
         _quote(f.name)
@@ -78,15 +81,12 @@ def state_sql(schema: TableSchema, base: str, changes: str, tombstones: str) -> 
         else f"CAST(NULL AS {f.dataType.simpleString()}) AS {_quote(f.name)}"
         for f in schema.replica_schema.fields
     )
-    b_pending, d_pending = (f"EXISTS (SELECT 1 FROM pending_keys p WHERE {same_key(a)})" for a in "bd")
-    return f"""WITH pending AS (SELECT {cols}, _op FROM {changes}),
-pending_keys AS (SELECT DISTINCT {key_list} FROM pending),
-candidates AS (
-  SELECT {cols}, _op FROM pending
+    return f"""WITH candidates AS (
+  SELECT {cols}, _op FROM {changes}
   UNION ALL
-  SELECT {cols}, 'upsert' AS _op FROM {base} b WHERE {b_pending}
+  SELECT {cols}, 'upsert' AS _op FROM {base} b WHERE {pending("b")}
   UNION ALL
-  SELECT {as_delete}, 'delete' AS _op FROM {tombstones} d WHERE {d_pending}
+  SELECT {as_delete}, 'delete' AS _op FROM {tombstones} d WHERE {pending("d")}
 ),
 ranked AS (
   SELECT *, ROW_NUMBER() OVER (
@@ -94,7 +94,7 @@ ranked AS (
   ) AS _rank
   FROM candidates
 )
-SELECT {cols} FROM {base} b WHERE NOT {b_pending}
+SELECT {cols} FROM {base} b WHERE NOT {pending("b")}
 UNION ALL
 SELECT {cols} FROM ranked WHERE _rank = 1 AND _op = 'upsert'"""
 
