@@ -80,7 +80,7 @@ def test_new_fields_become_columns_mid_stream_on_both_layouts(
         "mor": orders_table(topics["mor"], schema=narrow, layout="merge-on-read"),
     }
     # Small batches, so that the new fields arrive in the middle of a run.
-    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "evolving", tables, max_offsets_per_trigger=20)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "evolving", tables, max_offsets_per_trigger=30)
     log: dict[str, list[LoggedChange]] = {"cow": [], "mor": []}
     seq = 0
 
