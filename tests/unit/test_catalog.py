@@ -10,6 +10,8 @@ from replica_dev.conf import orders_table, replica_doc
 from replica_lib.catalog import entries
 from replica_lib.config import ReplicaConfig, parse_replica
 from replica_lib.errors import ConfigError
+from replica_lib.layout import state_sql
+from replica_lib.target import table_schema
 
 
 def _config(tmp_path: Path, **tables: dict[str, object]) -> ReplicaConfig:
@@ -42,7 +44,9 @@ def test_each_table_has_its_state_raw_table_and_deletes_and_the_replica_its_quar
     columns = "`order_id`, `customer`, `amount`, `status`, `updated_ms`"
     assert found["orders"].query == f"SELECT {columns} FROM `shop`.`orders__raw`"
     assert found["orders"].needs == ("orders__raw",)
-    assert found["lines"].query is not None and found["lines"].query.startswith(f"SELECT {columns} FROM (WITH pending")
+    tables = (f"`shop`.`lines__{name}`" for name in ("raw", "changes", "deletes"))
+    state = state_sql(table_schema(cfg.table("lines"), cfg.source_file), *tables)
+    assert found["lines"].query == f"SELECT {columns} FROM ({state}) AS state"
     assert found["lines"].needs == ("lines__raw", "lines__changes", "lines__deletes")
 
 
