@@ -13,11 +13,14 @@ source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/scripts/bootstrap.sh"
 replica_bootstrap
 
 master=""
+deploy_mode=client
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[i]}" in
     --master) master="${args[i + 1]:-}" ;;
     --master=*) master="${args[i]#--master=}" ;;
+    --deploy-mode) deploy_mode="${args[i + 1]:-}" ;;
+    --deploy-mode=*) deploy_mode="${args[i]#--deploy-mode=}" ;;
   esac
 done
 
@@ -40,6 +43,13 @@ common=(
   --conf spark.ui.showConsoleProgress=false
 )
 [[ -n "$classpath" ]] && common+=(--driver-class-path "$classpath")
+# A driver on this machine maps Spark's classes from an archive (replica_class_archive in scripts/bootstrap.sh),
+# unless jars come before Spark's on its class path (the SQL server's), which the archive's JVM did not have.
+if [[ "$deploy_mode" == client && -z "$classpath" ]]; then
+  archive=$(replica_class_archive "${common[@]}" --master "local[2]" \
+    --conf spark.driver.host=127.0.0.1 --conf spark.driver.bindAddress=127.0.0.1) || archive=""
+  [[ -n "$archive" ]] && common+=(--conf "spark.driver.defaultJavaOptions=-XX:SharedArchiveFile=$archive")
+fi
 
 if [[ -z "$master" || "$master" == local* ]]; then
   # Locally the job's Python process is the driver and starts Spark's JVM itself (as pyspark does), so

@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 
 from replica_dev import loadgen
 from replica_dev.conf import orders_table, replica_doc, write_replica
-from replica_lib.config import PROJECT_ROOT, load_replica
+from replica_lib.config import PROJECT_ROOT, load_replica, local_settings
 from replica_lib.producer import ChangeProducer
 from tests.integration.support import end_offsets, expected_df, replica_df
 
@@ -92,6 +92,9 @@ def test_materialize_job_stops_after_the_current_batch_on_sigterm(
     # A graceful stop is no error: neither Spark's log nor py4j's nor ours reports one.
     logged = output.lines + stderr_file.read_text().splitlines()
     assert [line for line in logged if " ERROR " in line or "Traceback" in line or "Exception" in line] == []
+    # Its JVM started from the class-data archive spark-submit.sh makes once (a refused one is a JVM warning).
+    assert list((local_settings().state_dir / "class-archive").glob("spark-*.jsa"))
+    assert [line for line in logged if "[cds" in line or "shared archive" in line] == []
 
     cfg = load_replica(conf, env)
     assert_df_equality(
