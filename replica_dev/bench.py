@@ -89,12 +89,22 @@ class BenchPlan:
     warmup_events: int = 60_000
     #: ours-mor: the stream folds the change log into the table after every this-many-th batch (0: never).
     fold_every_batches: int = 10
+    #: Each reader query's measured runs (after one unmeasured): the median is reported.
+    reader_repeats: int = READER_REPEATS
 
     def __post_init__(self) -> None:
         def fail(name: str, problem: str, fix: str) -> None:
             raise ConfigError("bench arguments", name, problem, fix)
 
-        for name in ("keys", "events", "batch_size", "partitions", "growth_batch_size", "growth_batches"):
+        for name in (
+            "keys",
+            "events",
+            "batch_size",
+            "partitions",
+            "growth_batch_size",
+            "growth_batches",
+            "reader_repeats",
+        ):
             if getattr(self, name) < 1:
                 fail(f"--{name.replace('_', '-')}", f"must be at least 1, got {getattr(self, name)}", "pass 1 or more")
         for name in ("fresh_rate", "fresh_seconds", "fresh_rows", "warmup_events", "value_bytes"):
@@ -566,7 +576,8 @@ class Bench:
         report["readers"] = results
 
     def read_costs(self, table: TableConfig) -> dict[str, Any]:
-        """Median seconds of ``READER_REPEATS`` runs (after one warm-up) of each query, from reading the state on."""
+        """Median seconds of the plan's ``reader_repeats`` runs (after one warm-up) of each query, from reading the
+        state on."""
 
         def aggregate() -> list[Any]:
             return read_state(self.spark, table).agg(F.count(F.lit(1)), F.sum("amount")).collect()
@@ -574,11 +585,12 @@ class Bench:
         def point(key: int) -> list[Any]:
             return read_state(self.spark, table).where(F.col("order_id") == F.lit(key)).collect()
 
-        seconds, first = median_seconds(aggregate)
+        repeats = self.plan.reader_repeats
+        seconds, first = median_seconds(aggregate, repeats)
         result: dict[str, Any] = {"rows": int(first[0][0]), "aggregate_s": seconds}
         key = self.probe_key
         if key is not None:
-            result["point_s"], found = median_seconds(lambda: point(key))
+            result["point_s"], found = median_seconds(lambda: point(key), repeats)
             if len(found) != 1:
                 logger.error("  point lookup of key %d in %s found %d rows", key, table.target.describe(), len(found))
         return result
@@ -883,7 +895,8 @@ def summary_lines(report: dict[str, Any]) -> Iterator[str]:
             yield f"{contender}, one catch-up batch (p50): " + ", ".join(f"{k} {v:.2f}s" for k, v in stages.items())
     readers = report.get("readers")
     if readers:
-        yield f"readers (median of {READER_REPEATS}): " + "; ".join(reader_parts(readers))
+        repeats = report.get("workload", {}).get("reader_repeats", READER_REPEATS)
+        yield f"readers (median of {repeats}): " + "; ".join(reader_parts(readers))
     for keys, sizes in report.get("growth", {}).items():
         for rows, g in sorted(sizes.items(), key=lambda kv: int(kv[0])):
             yield f"growth, {keys} keys, {int(rows):>11,} rows: batch p50 {g['batch_p50_s']}s, max {g['batch_max_s']}s"

@@ -56,6 +56,9 @@ def main(argv: list[str]) -> int:
         default=defaults.fold_every_batches,
         help="ours-mor: fold the change log after every this-many-th batch (0: never during the stream)",
     )
+    parser.add_argument(
+        "--reader-repeats", type=int, default=defaults.reader_repeats, help="measured runs of each reader query"
+    )
     parser.add_argument("--bootstrap-servers", help="use this broker instead of starting one")
     parser.add_argument("--workdir", type=Path, help="tables and checkpoints (default: a new temporary folder)")
     parser.add_argument("--out", type=Path, help="where the JSON and PNG go (default: .state/bench)")
