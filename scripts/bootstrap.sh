@@ -47,7 +47,8 @@ replica_bootstrap() {
 # (jobs/class_archive.py in a JVM started with -XX:ArchiveClassesAtExit). Every later start maps the classes from it
 # instead of reading and verifying them from the jars: ~4 s of a ~19 s start, a materialize job's 31 s to 27 s.
 # The arguments are the launch's spark-submit options. A failed attempt is kept beside the archive's place
-# (*.failed, with its log) and not retried; REPLICA_CLASS_ARCHIVE=off starts without one.
+# (*.failed, with its log) and not retried; REPLICA_CLASS_ARCHIVE=off starts without one. A new archive replaces
+# those of an earlier Java or pyspark.
 replica_class_archive() {
   [[ "${REPLICA_CLASS_ARCHIVE:-on}" == off ]] && return 0
   local java="java" jars key dir archive log
@@ -75,6 +76,8 @@ replica_class_archive() {
     "$PY" -m jobs.class_archive) >"$log" 2>&1 || status=$?
   if [[ "$status" == 0 && -s "$archive.tmp" ]]; then
     mv "$archive.tmp" "$archive"
+    # Those of an earlier Java or pyspark go: ~200 MB each (a JVM that maps one keeps it until it exits).
+    find "$dir" -maxdepth 1 -name 'spark-*' ! -name "spark-$key.*" -delete
     echo "$archive"
   elif [[ "$status" == 3 ]]; then  # Spark did not start: the job will say why; the next start tries again
     rm -f "$archive.tmp"
