@@ -52,6 +52,7 @@ from replica_lib.target import (
     TableSchema,
     changes_target,
     evolve_table,
+    file_count,
     read_table,
     replica_targets,
     tombstone_target,
@@ -811,6 +812,9 @@ def _summary(observation: Observation, winners: Observation | None, schema: Tabl
 
 def is_empty(spark: SparkSession, target: Target) -> bool:
     """Whether a Delta table has no data files (a replica being rebuilt); reads only the table's log."""
+    files = file_count(spark, target)
+    if files is not None:
+        return files == 0
     row = delta_table(spark, target).detail().select("numFiles").first()
     return row is None or not row[0]
 
