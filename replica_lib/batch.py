@@ -840,8 +840,11 @@ class _Retained:
         if name not in self.parts:
             # A re-run of this batch must not see the tombstones its first run wrote (see the module docstring).
             own = (F.col("_app_id") == F.lit(f"{table_app}:tombstones")) & (F.col("_batch_id") == batch_id)
-            tombstones = read_table(spark, tombstone_target(schema.table)).where(~own)
-            self.parts[name] = [tombstones.select(*version_columns(schema.table.keys)).localCheckpoint()]
+            target = tombstone_target(schema.table)
+            tombstones = read_table(spark, target).where(~own).select(*version_columns(schema.table.keys))
+            # An empty table (a new replica's) needs no scan, which on a starting JVM costs a second.
+            empty = file_count(spark, target) == 0
+            self.parts[name] = [spark.createDataFrame([], tombstones.schema) if empty else tombstones.localCheckpoint()]
         return reduce(DataFrame.unionByName, self.parts[name])
 
     def add(self, name: str, winners_df: DataFrame, schema: TableSchema) -> None:
