@@ -98,9 +98,17 @@ def batch_confs(spark: SparkSession) -> dict[str, str]:
     """Confs of the replica's own session (each batch also sizes its shuffles: see ``batch._size_for``).
 
     MERGE sources are ``localCheckpoint``s of the batch's winners (deterministic, already materialized), so Delta
-    need not materialize them again.
+    need not materialize them again. Delta rebuilds a table's state in 50 tasks unless told otherwise; with the
+    batch's adaptive execution off nothing coalesces them, so on a cluster of fewer cores the replica's session
+    uses one task per core (a setting the user gave is kept).
     """
-    return {"spark.databricks.delta.merge.materializeSource": "none"}
+    confs = {"spark.databricks.delta.merge.materializeSource": "none"}
+    if spark.conf.get(SNAPSHOT_PARTITIONS, None) is None:
+        confs[SNAPSHOT_PARTITIONS] = str(min(50, max(1, spark.sparkContext.defaultParallelism)))
+    return confs
+
+
+SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 
 
 def _check_no_data_loss(spark: SparkSession, cfg: ReplicaConfig) -> None:
