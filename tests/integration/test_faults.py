@@ -24,9 +24,11 @@ def test_random_kills_and_every_crash_window_leave_every_version_of_both_layouts
     # crashed once, then a random kill, then a second instance started by mistake beside the last run. Every MERGE
     # writes deletion vectors, so the files pile up and the replica's compaction runs between kills; the MERGEs
     # that rewrite their files (the choice for a table this small) are crashed in-process by test_layouts.py.
+    # The primary writes 5 changes a second (the soak's 10): the last run drains what the others left, in batches.
     plan = ChaosPlan(
         keys=150,
         kills=1,
+        rate=5.0,
         seed=4,
         deletion_vectors=True,
         layouts=(COPY_ON_WRITE, MERGE_ON_READ),
