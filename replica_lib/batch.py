@@ -28,7 +28,7 @@ from pyspark.util import inheritable_thread_target
 
 from replica_lib import decode, evolution, logical, quarantine
 from replica_lib.config import ReplicaConfig, TableConfig, Target
-from replica_lib.errors import ConcurrentCommitError
+from replica_lib.errors import ConcurrentCommitError, jvm_causes, jvm_condition
 from replica_lib.layout import RANGE_TYPES, fold, pending_versions
 from replica_lib.merge import (
     BROADCAST_ROWS,
@@ -199,6 +199,8 @@ class BatchHandler:
         self.stop_requested = stop_requested
         #: The batch refused after a stop request (the query then fails with :class:`StopRequested`), or None.
         self.refused: int | None = None
+        #: What the last failed batch raised, as it raised it: the query passes on only its text.
+        self.failure: BaseException | None = None
         #: The last batch this handler finished, or None.
         self.last_batch: int | None = None
         self._generation: str | None = None
@@ -223,7 +225,11 @@ class BatchHandler:
         spark = batch_df.sparkSession
         if self._generation is None:
             self._generation = checkpoint_generation(spark, self.cfg.checkpoint)
-        self._run(batch_df, batch_id, batch_end_offsets(spark, self.cfg.checkpoint, batch_id))
+        try:
+            self._run(batch_df, batch_id, batch_end_offsets(spark, self.cfg.checkpoint, batch_id))
+        except (Py4JJavaError, PySparkException) as exc:
+            self.failure = exc
+            raise
 
     def apply(self, batch_df: DataFrame, batch_id: int, offsets: Offsets, generation: str) -> BatchStats:
         """Apply a static frame of records as batch ``batch_id`` of ``generation``, ending at ``offsets``.
@@ -915,20 +921,9 @@ def _winners(
 def _lost_materialized_rows(exc: BaseException) -> bool:
     """Whether ``exc`` (or a JVM exception it holds, or their causes) is Spark's error for a local checkpoint's
     block lost with its executor, by its error condition."""
-    from py4j.java_gateway import is_instance_of
     from pyspark import SparkContext
-    from pyspark.errors.exceptions.captured import CapturedException
 
     if isinstance(exc, PySparkException) and exc.getCondition() == _LOST_CHECKPOINT_BLOCK:
         return True
-    cause = exc.java_exception if isinstance(exc, Py4JJavaError) else None
-    if isinstance(exc, CapturedException):
-        cause = getattr(exc, "_origin", None)
     gateway = SparkContext._gateway
-    while cause is not None and gateway is not None:
-        if is_instance_of(gateway, cause, "org.apache.spark.SparkThrowable") and cause.getCondition() == (
-            _LOST_CHECKPOINT_BLOCK
-        ):
-            return True
-        cause = cause.getCause()
-    return False
+    return any(jvm_condition(gateway, cause) == _LOST_CHECKPOINT_BLOCK for cause in jvm_causes(exc))

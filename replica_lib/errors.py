@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 
 class ReplicaError(Exception):
     """Base class of every error raised by replica_lib."""
@@ -103,3 +106,32 @@ class ConcurrentDeleteDeleteError(ConcurrentCommitError):
 class CatalogError(ReplicaError):
     """A catalog name cannot be registered as asked (a name of someone else's, the local catalog held); says what
     to do."""
+
+
+def jvm_causes(exc: BaseException) -> Iterator[Any]:
+    """The JVM exception a PySpark error holds (a ``Py4JJavaError``'s, a ``CapturedException``'s), then its causes.
+
+    A failure is told by these objects' classes and Spark's error conditions, never by the text of its message.
+    """
+    from py4j.protocol import Py4JJavaError
+    from pyspark import SparkContext
+    from pyspark.errors.exceptions.captured import CapturedException
+
+    cause = None
+    if isinstance(exc, Py4JJavaError):
+        cause = exc.java_exception
+    elif isinstance(exc, CapturedException):
+        cause = getattr(exc, "_origin", None)
+    while cause is not None and SparkContext._gateway is not None:
+        yield cause
+        cause = cause.getCause()
+
+
+def jvm_condition(gateway: Any, cause: Any) -> str | None:
+    """Spark's error condition of a JVM exception (``KAFKA_DATA_LOSS.START_OFFSET_RESET``), if it has one."""
+    from py4j.java_gateway import is_instance_of
+
+    if not is_instance_of(gateway, cause, "org.apache.spark.SparkThrowable"):
+        return None
+    condition = cause.getCondition()
+    return str(condition) if condition is not None else None

@@ -25,6 +25,7 @@ from replica_lib.errors import (
     ConcurrentCommitError,
     ConcurrentDeleteDeleteError,
     ConcurrentDeleteReadError,
+    jvm_causes,
 )
 from replica_lib.ordering import newer
 from replica_lib.target import PROVENANCE_COLUMNS, TableSchema
@@ -334,9 +335,7 @@ def delta_conflict(exc: BaseException) -> ConcurrentCommitError | None:
     """
     import delta.exceptions as delta_errors
     from py4j.java_gateway import is_instance_of
-    from py4j.protocol import Py4JJavaError
     from pyspark import SparkContext
-    from pyspark.errors.exceptions.captured import CapturedException
 
     # delta.exceptions' classes are siblings, not a hierarchy: every other kind is a plain concurrent commit.
     converted: tuple[tuple[type[BaseException], type[ConcurrentCommitError]], ...] = (
@@ -353,18 +352,11 @@ def delta_conflict(exc: BaseException) -> ConcurrentCommitError | None:
         if isinstance(exc, python_class):
             message = str(getattr(exc, "_desc", None) or python_class.__name__).strip().splitlines()
             return error(message[0] if message else python_class.__name__)
-    if isinstance(exc, Py4JJavaError):
-        cause = exc.java_exception
-    elif isinstance(exc, CapturedException):
-        cause = getattr(exc, "_origin", None)
-    else:
-        return None
     gateway = SparkContext._gateway
-    while cause is not None and gateway is not None:
+    for cause in jvm_causes(exc):
         for jvm_class, error in _CONFLICTS:
             if is_instance_of(gateway, cause, jvm_class):
                 return error(str(cause.getMessage()).splitlines()[0])
-        cause = cause.getCause()
     return None
 
 

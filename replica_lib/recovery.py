@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 from pyspark.sql import SparkSession
 
 from replica_lib.config import ReplicaConfig, TableConfig, Target
-from replica_lib.errors import CheckpointError, ConfigError, DataLossError, ReplicaError
+from replica_lib.errors import CheckpointError, ConfigError, DataLossError, ReplicaError, jvm_causes, jvm_condition
 from replica_lib.progress import (
     Offsets,
     applied_offsets,
@@ -362,18 +362,35 @@ def applied_so_far(spark: SparkSession, cfg: ReplicaConfig) -> Offsets | None:
     return last_committed_offsets(spark, cfg.checkpoint) or _table_offsets(spark, cfg)
 
 
-def explain(exc: BaseException, cfg: ReplicaConfig) -> ReplicaError | None:
-    """A clear error for a failure of the query that users meet in operation, or None."""
-    text = str(exc)
-    if "not available in Kafka any more" in text or "OffsetOutOfRange" in text or "data may have been lost" in text:
-        return DataLossError(
-            f"replica {cfg.name}: Kafka no longer holds offsets this replica still needs (retention or a topic "
-            f"reset deleted them unread), so it stopped instead of skipping them. Rebuild it: stop it, delete "
-            f"its tables and its checkpoint ({cfg.checkpoint}) and run it again to replay the log from the start"
-        )
-    if "Multiple streaming queries are concurrently using" in text or "ConcurrentModification" in text:
-        return CheckpointError(
-            f"replica {cfg.name}: another instance is running on checkpoint {cfg.checkpoint}; this one stopped. "
-            "Run one instance per replica"
-        )
+#: Spark's error condition (its Kafka source's, with failOnDataLoss) for records the log no longer holds.
+_DATA_LOSS = "KAFKA_DATA_LOSS"
+_OFFSET_OUT_OF_RANGE = "org.apache.kafka.clients.consumer.OffsetOutOfRangeException"
+#: Spark's error conditions for two queries writing one checkpoint.
+_SHARED_CHECKPOINT = frozenset({"CONCURRENT_STREAM_LOG_UPDATE", "CONCURRENT_QUERY", "_LEGACY_ERROR_TEMP_2207"})
+
+
+def explain(exc: BaseException, cfg: ReplicaConfig, batch_failure: BaseException | None = None) -> ReplicaError | None:
+    """A clear error for a failure of the query that users meet in operation, or None.
+
+    Told by Spark's error conditions and the Kafka client's exception class. A failure inside a batch reaches the
+    query as the text of a Python traceback only, so ``batch_failure`` is what the batch raised, as it raised it.
+    """
+    from py4j.java_gateway import is_instance_of
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    causes = [cause for failure in (exc, batch_failure) if failure is not None for cause in jvm_causes(failure)]
+    for cause in causes:
+        condition = jvm_condition(gateway, cause) or ""
+        if condition.split(".")[0] == _DATA_LOSS or is_instance_of(gateway, cause, _OFFSET_OUT_OF_RANGE):
+            return DataLossError(
+                f"replica {cfg.name}: Kafka no longer holds offsets this replica still needs (retention or a topic "
+                f"reset deleted them unread), so it stopped instead of skipping them. Rebuild it: stop it, delete "
+                f"its tables and its checkpoint ({cfg.checkpoint}) and run it again to replay the log from the start"
+            )
+        if condition in _SHARED_CHECKPOINT:
+            return CheckpointError(
+                f"replica {cfg.name}: another instance is running on checkpoint {cfg.checkpoint}; this one stopped. "
+                "Run one instance per replica"
+            )
     return None

@@ -156,7 +156,7 @@ def run_replica(
         if handler.refused is not None:  # the handler refused a batch because a stop was requested
             logger.info("replica %s stopped", cfg.name)
             return
-        explained = explain(exc, cfg)
+        explained = explain(exc, cfg, handler.failure)
         if explained is not None:
             raise explained from exc
         raise

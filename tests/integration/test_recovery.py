@@ -98,6 +98,32 @@ def test_records_deleted_unread_stop_the_replica_with_a_rebuild_hint(
     assert "Rebuild it" in message and cfg.checkpoint in message
 
 
+def test_records_lost_while_the_replica_runs_stop_it_with_the_fix(
+    spark: SparkSession, connection: dict[str, str], tmp_path: Path
+) -> None:
+    """Retention deletes records the running replica has not read yet: the job stops with DataLossError."""
+    from replica_lib.config import TriggerConfig
+    from replica_lib.stream import run_replica
+
+    topic = f"lost-{uuid.uuid4().hex[:8]}"
+    admin = TopicAdmin(connection)
+    admin.ensure(TopicSpec.local(topic, partitions=1, compact=False), local=True)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "lost", {"orders": orders_table(topic)})
+    cfg = dataclasses.replace(cfg, trigger=TriggerConfig(available_now=False, interval="0 seconds"))
+    produce(connection, topic, [upsert(k, 1, "a") for k in range(3)])
+
+    def lose_the_next_records(point: str, batch_id: int) -> None:
+        if point == "after_commit" and batch_id == 0:  # between two batches: written, then deleted unread
+            unread = produce(connection, topic, [upsert(k, 2, "b") for k in range(3)])
+            admin.delete_records_before(topic, {0: unread[-1].position.offset + 1})
+
+    with pytest.raises(DataLossError) as caught:
+        run_replica(spark, cfg, available_now=False, hooks=BatchHooks(at=lose_the_next_records))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "Kafka no longer holds offsets" in message and cfg.checkpoint in message
+
+
 def assert_matches_model(spark: SparkSession, cfg: ReplicaConfig, log: list[Any]) -> None:
     assert_df_equality(
         replica_df(spark, cfg, "orders"),
