@@ -5,7 +5,8 @@ as local properties, which the event log records with each job start, threads of
 included (``inheritable_thread_target``). A batch's wall time is its progress report's ``addBatch``; what no job
 covers of it is time the driver spent planning, committing and waiting (``driver_ms``).
 
-Run it on a log written with ``--conf spark.eventLog.enabled=true --conf spark.eventLog.dir=file:///some/dir``:
+Run it on a log written with ``--conf spark.eventLog.enabled=true --conf spark.eventLog.dir=file:///some/dir
+--conf spark.eventLog.compress=false`` (Spark compresses its logs with zstd unless told not to):
 ``python -m jobs.dev.eventlog /some/dir/<app-id> [--query NAME] [--jobs]``.
 """
 
@@ -80,13 +81,44 @@ class Batch:
         return sum(j.cpu_ms for j in self.jobs)
 
 
+#: Suffixes of the files Spark's event log codecs write (``spark.eventLog.compression.codec``; zstd by default).
+COMPRESSED = (".zstd", ".lz4", ".lzf", ".snappy")
+_HINT = "write the log with --conf spark.eventLog.compress=false"
+
+
+class EventLogError(ValueError):
+    """A file that is not a plain-text Spark event log; says how to write one that is."""
+
+
+def _event_files(path: Path) -> list[Path]:
+    """The event files of a log: the file itself, or a rolling log's ``events_<n>_<app>`` files in order.
+
+    A rolling log's folder also holds an ``appstatus_`` marker and, on a local file system, hidden checksums.
+    """
+    if not path.is_dir():
+        return [path]
+    files = [p for p in path.iterdir() if p.is_file() and not p.name.startswith((".", "appstatus_"))]
+
+    def index(file: Path) -> tuple[int, str]:
+        number = file.name.split("_")[1] if file.name.startswith("events_") else ""
+        return (int(number) if number.isdigit() else 0, file.name)
+
+    return sorted(files, key=index)
+
+
 def _events(path: Path) -> Iterator[dict[str, Any]]:
-    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
-    for file in files:
+    for file in _event_files(path):
+        if file.suffix in COMPRESSED:
+            raise EventLogError(f"{file} is compressed ({file.suffix[1:]}), which this reader does not decode: {_HINT}")
+        read = 0
         with file.open(encoding="utf-8") as lines:
-            for line in lines:
-                if line.strip():
-                    yield json.loads(line)
+            try:
+                for line in lines:
+                    read += 1
+                    if line.strip():
+                        yield json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise EventLogError(f"{file}:{read or 1}: not a plain-text Spark event log: {_HINT}") from exc
 
 
 def read_batches(path: Path) -> list[Batch]:

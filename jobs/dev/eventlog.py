@@ -2,7 +2,8 @@
 
     python -m jobs.dev.eventlog <event log file or folder> [--query NAME] [--jobs] [--min-jobs N]
 
-Write the log with ``./spark-submit.sh --conf spark.eventLog.enabled=true --conf spark.eventLog.dir=file:///DIR``.
+Write the log with ``./spark-submit.sh --conf spark.eventLog.enabled=true --conf spark.eventLog.dir=file:///DIR
+--conf spark.eventLog.compress=false`` (a rolling log's folder reads as well).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from replica_dev.eventlog import format_jobs, format_summary, read_batches, summary
+from replica_dev.eventlog import EventLogError, format_jobs, format_summary, read_batches, summary
 
 
 def main(argv: list[str]) -> int:
@@ -25,7 +26,11 @@ def main(argv: list[str]) -> int:
     if not args.path.exists():
         print(f"eventlog: {args.path} does not exist (give a file written by spark.eventLog.dir)", file=sys.stderr)
         return 2
-    batches = read_batches(args.path)
+    try:
+        batches = read_batches(args.path)
+    except EventLogError as exc:
+        print(f"eventlog: {exc}", file=sys.stderr)
+        return 2
     if args.query:
         batches = [b for b in batches if args.query in b.name]
     rows = summary(batches, args.min_jobs)
