@@ -99,8 +99,8 @@ def entries(cfg: ReplicaConfig) -> list[Entry]:
         if table.merge_on_read:
             changes = _source(db, table.name + CHANGES, changes_target(table))
             found.append(changes)
-            names = [f"{_quote(db)}.{_quote(e.name)}" for e in (raw, changes, deletes)]
-            rows = f"SELECT {columns} FROM ({state_sql(schema, *names)}) AS state"
+            base, log, retained = (f"{_quote(db)}.{_quote(e.name)}" for e in (raw, changes, deletes))
+            rows = f"SELECT {columns} FROM ({state_sql(schema, base, log, retained)}) AS state"
             needs = (raw.name, changes.name, deletes.name)
         else:
             rows = f"SELECT {columns} FROM {raw_name}"

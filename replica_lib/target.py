@@ -202,11 +202,24 @@ def file_count(spark: SparkSession, target: Target) -> int | None:
     DESCRIBE DETAIL counts the files by reconstructing the table's state, three Spark jobs (seconds on a starting
     JVM); the checksum Delta writes beside each of its commits holds the same count.
     """
+    checksum = _checksum(spark, target)
+    return None if checksum is None else int(checksum.numFiles())
+
+
+def size_bytes(spark: SparkSession, target: Target) -> int | None:
+    """The size of the table's data files at its latest version, from that commit's checksum, as
+    :func:`file_count`; None if there is no table or no checksum."""
+    checksum = _checksum(spark, target)
+    return None if checksum is None else int(checksum.tableSizeBytes())
+
+
+def _checksum(spark: SparkSession, target: Target) -> Any:
+    """The latest commit's checksum (a JVM ``VersionChecksum``), or None."""
     snapshot = _snapshot(spark, target)
     if snapshot is None:
         return None
     checksum = snapshot.checksumOpt()
-    return int(checksum.get().numFiles()) if checksum.isDefined() else None
+    return checksum.get() if checksum.isDefined() else None
 
 
 def _snapshot(spark: SparkSession, target: Target) -> Any:

@@ -17,11 +17,11 @@ from replica_dev.conf import replica_doc, write_replica
 from replica_dev.model import LoggedChange
 from replica_lib.batch import BatchHooks, BatchStats
 from replica_lib.config import MERGE_ON_READ, ReplicaConfig, load_replica
-from replica_lib.layout import FOLD_POINTS, fold
+from replica_lib.layout import FOLD_POINTS, fold, state_sql
 from replica_lib.producer import Change, ChangeProducer
 from replica_lib.rebuild import rebuild_config
 from replica_lib.stream import start_replica
-from replica_lib.target import changes_target, read_table, table_schema
+from replica_lib.target import changes_target, current_schema, read_table, table_schema, tombstone_target
 from tests.integration.support import (
     RUN_TIMEOUT_S,
     delete,
@@ -43,12 +43,20 @@ def merge_on_read(topic: str, fold_every_batches: int = 0) -> dict[str, Any]:
 
 
 def assert_state(spark: SparkSession, cfg: ReplicaConfig, log: list[LoggedChange]) -> None:
-    actual = sorted(tuple(r) for r in replica_df(spark, cfg, "orders").collect())
+    """The state a reader sees equals the model, in both shapes of its query (a small base is ranked whole)."""
+    table = cfg.table("orders")
     expected = sorted(tuple(r) for r in expected_df(spark, cfg, "orders", log).collect())
-    assert actual == expected, (
-        f"rows not in the model: {sorted(set(actual) - set(expected))}; "
-        f"rows of the model missing: {sorted(set(expected) - set(actual))}"
-    )
+    names = (table.target.describe(), changes_target(table).describe(), tombstone_target(table).describe())
+    shapes = {"read_state": replica_df(spark, cfg, "orders")}
+    for whole in (True, False):
+        query = state_sql(current_schema(spark, table), *names, whole=whole)
+        shapes[f"whole={whole}"] = spark.sql(query).drop("_src_event_ts")
+    for shape, rows in shapes.items():
+        actual = sorted(tuple(r) for r in rows.collect())
+        assert actual == expected, (
+            f"{shape}: rows not in the model: {sorted(set(actual) - set(expected))}; "
+            f"rows of the model missing: {sorted(set(expected) - set(actual))}"
+        )
 
 
 def assert_folded(spark: SparkSession, cfg: ReplicaConfig, log: list[LoggedChange]) -> None:
