@@ -57,7 +57,7 @@ if [[ -z "$master" || "$master" == local* ]]; then
   [[ -z "$master" ]] && common+=(--master "local[2]")
   common+=(--driver-memory 2g
     --conf spark.driver.host=127.0.0.1 --conf spark.driver.bindAddress=127.0.0.1
-    --conf spark.sql.shuffle.partitions=4 --conf spark.databricks.delta.snapshotPartitions=2
+    --conf spark.sql.shuffle.partitions=4 --conf spark.databricks.delta.snapshotPartitions=2  # as session.session_conf
     --conf spark.sql.sources.parallelPartitionDiscovery.parallelism=4)
   options=()
   while [[ $# -gt 0 && "$1" != *.py ]]; do options+=("$1"); shift; done

@@ -59,7 +59,7 @@ def session_conf(settings: LocalSettings, master: str | None, ui: bool) -> dict[
                 "spark.sql.shuffle.partitions": "4",
                 "spark.default.parallelism": "4",
                 # Delta rebuilds a table's snapshot with 50 tasks by default: minutes of overhead on 2 cores.
-                "spark.databricks.delta.snapshotPartitions": "2",
+                SNAPSHOT_PARTITIONS: "2",
                 # Delta's VACUUM lists a table's files in this many tasks (Spark's default: 10,000): 25-31 s of
                 # tiny tasks for a three-file table on 2 cores, 2.4-3.4 s with 4. replica's own VACUUM sets it
                 # (merge.vacuum_files); this is for the others, e.g. a VACUUM in SQL.
@@ -69,6 +69,9 @@ def session_conf(settings: LocalSettings, master: str | None, ui: bool) -> dict[
         )
     return conf
 
+
+#: How many tasks Delta rebuilds a table's state in (its default: 50).
+SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 
 #: Settings that choose a catalog: when the user gives any of them, the local default is not applied.
 CATALOG_SETTINGS = ("spark.sql.catalogImplementation", "spark.hadoop.hive.metastore.uris")

@@ -26,6 +26,7 @@ from replica_lib.recovery import (
     lock_checkpoint,
     starting_offsets,
 )
+from replica_lib.session import SNAPSHOT_PARTITIONS
 from replica_lib.source import check_reachable, read_changes
 from replica_lib.target import ensure_replica_tables
 from replica_lib.topics import TopicAdmin
@@ -106,9 +107,6 @@ def batch_confs(spark: SparkSession) -> dict[str, str]:
     if spark.conf.get(SNAPSHOT_PARTITIONS, None) is None:
         confs[SNAPSHOT_PARTITIONS] = str(min(50, max(1, spark.sparkContext.defaultParallelism)))
     return confs
-
-
-SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 
 
 def _check_no_data_loss(spark: SparkSession, cfg: ReplicaConfig) -> None:

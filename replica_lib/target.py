@@ -360,9 +360,9 @@ _ENSURE_THREADS = 4
 
 
 def _ensure_all(spark: SparkSession, calls: Sequence[_Ensure]) -> None:
-    """Run the :func:`ensure_table` calls side by side when every target is a path (a copy-on-write replica's four
-    tables at a warm start: 0.5-0.6 s instead of 0.7-1.0 s); tables by name go one by one, as a catalog serializes
-    them anyway. The first failure is raised once all have ended."""
+    """Run the :func:`ensure_table` calls side by side when every target is a path (each waits mostly on its
+    table's log); tables by name go one by one, as a catalog serializes them anyway. The first failure is raised
+    once all have ended."""
 
     def one(call: _Ensure) -> None:
         ensure_table(spark, call.target, call.schema, call.description, call.deletion_vectors, call.grows)

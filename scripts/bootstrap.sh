@@ -79,7 +79,7 @@ replica_class_archive() {
     # Those of an earlier Java or pyspark go: ~200 MB each (a JVM that maps one keeps it until it exits).
     find "$dir" -maxdepth 1 -name 'spark-*' ! -name "spark-$key.*" -delete
     echo "$archive"
-  elif [[ "$status" == 3 ]]; then  # Spark did not start: the job will say why; the next start tries again
+  elif [[ "$status" == 3 ]]; then  # jobs.class_archive.NOT_STARTED: Spark did not start; the job will say why, the next start tries again
     rm -f "$archive.tmp"
   else
     rm -f "$archive.tmp"
