@@ -61,6 +61,8 @@ OURS = {"ours": COPY_ON_WRITE, "ours-mor": MERGE_ON_READ}
 READER_REPEATS = 5
 #: How the growth phase picks keys: uniformly over the table (every file touched), or among the newest keys.
 GROWTH_KEYS = ("uniform", "recent")
+#: The growth phase's contenders and the report entry of each.
+GROWTH_REPORTS = {"ours": "growth", "ours-mor": "growth_mor"}
 RECENT_KEYS = 100_000
 ROWS_PER_FILE = 250_000  # the prefill's file size, ~40 MB: range-partitioned by key, as OPTIMIZE would leave it
 
@@ -635,38 +637,55 @@ class Bench:
         report["freshness"] = results
 
     def growth(self, report: dict[str, Any]) -> None:
-        """Ours, same batch size, growing tables: keys drawn uniformly (every file touched), then recent keys."""
+        """Ours on each layout, same batch size, growing tables: keys drawn uniformly (every file touched), then
+        recent keys. A merge-on-read table's batches never read the table; its fold does, so one fold of the
+        batches' changes is timed after them (``report["growth_mor"]``; copy-on-write in ``report["growth"]``)."""
         plan = self.plan
-        results: dict[str, dict[str, Any]] = {}
+        contenders = [c for c in GROWTH_REPORTS if c in plan.contenders]
+        results: dict[str, dict[str, dict[str, Any]]] = {c: {} for c in contenders}
         for keys in GROWTH_KEYS:
-            results[keys] = {}
             for rows in plan.growth_rows:
                 first = max(0, rows - RECENT_KEYS) if keys == "recent" else 0
                 count = plan.growth_batch_size * plan.growth_batches
                 events = workload(rows, count, plan.delete_share, plan.value_bytes, plan.seed + 3, True, first)
-                name = f"growth-{keys}-{rows}"
-                topic = self.topic(name)
+                topic = self.topic(f"growth-{keys}-{rows}")
                 self.produce(topic, events, native_record)
-                logger.info(
-                    "growth: ours, %d rows, %s keys, %d batches of %d",
-                    rows,
-                    keys,
-                    plan.growth_batches,
-                    plan.growth_batch_size,
-                )
-                run = self.run_once("ours", topic, name, plan.growth_batch_size, prefill=rows)
-                times = run.batch_seconds()
-                steady = times[1:] if len(times) > 1 else times  # the first batch also loads the table's snapshot
-                results[keys][str(rows)] = {
-                    "batch_p50_s": _round(percentile(steady, 50)),
-                    "batch_max_s": _round(max(steady) if steady else None),
-                    "first_batch_s": _round(times[0] if times else None),
-                    "batches": [round(t, 3) for t in times],
-                    "stages_p50_s": run.stages,
-                }
-                logger.info("  %d rows, %s keys: %s", rows, keys, results[keys][str(rows)])
-                shutil.rmtree(self.workdir / name, ignore_errors=True)
-        report["growth"] = results
+                for contender in contenders:
+                    results[contender].setdefault(keys, {})[str(rows)] = self.grow(contender, topic, keys, rows)
+        for contender, result in results.items():
+            report[GROWTH_REPORTS[contender]] = result
+
+    def grow(self, contender: str, topic: str, keys: str, rows: int) -> dict[str, Any]:
+        """One contender's batches into a table prefilled with ``rows`` rows (and, merge-on-read, its fold)."""
+        plan = self.plan
+        logger.info(
+            "growth: %s, %d rows, %s keys, %d batches of %d",
+            contender,
+            rows,
+            keys,
+            plan.growth_batches,
+            plan.growth_batch_size,
+        )
+        name = f"growth-{contender}-{keys}-{rows}"
+        run = self.run_once(contender, topic, name, plan.growth_batch_size, prefill=rows)
+        times = run.batch_seconds()
+        steady = times[1:] if len(times) > 1 else times  # the first batch also loads the table's snapshot
+        result: dict[str, Any] = {
+            "batch_p50_s": _round(percentile(steady, 50)),
+            "batch_max_s": _round(max(steady) if steady else None),
+            "first_batch_s": _round(times[0] if times else None),
+            "batches": [round(t, 3) for t in times],
+            "stages_p50_s": run.stages,
+        }
+        if OURS[contender] == MERGE_ON_READ:
+            cfg = self.configs[name]
+            started = time.monotonic()
+            folded = fold(self.spark, cfg.name, table_schema(cfg.tables[0], cfg.source_file))
+            result["fold_s"] = round(time.monotonic() - started, 3)
+            result["folded_keys"] = folded.keys
+        logger.info("  %d rows, %s keys: %s", rows, keys, result)
+        shutil.rmtree(self.workdir / name, ignore_errors=True)
+        return result
 
 
 def live_seqs(events: Sequence[Event]) -> dict[int, int]:
@@ -791,7 +810,7 @@ def run_bench(spark: SparkSession, plan: BenchPlan, workdir: Path, bootstrap_ser
     phases.append(("floor", bench.floor))
     if plan.fresh_seconds and plan.fresh_rate:
         phases.append(("freshness", bench.freshness))
-    if plan.growth_rows and "ours" in plan.contenders:
+    if plan.growth_rows and any(contender in GROWTH_REPORTS for contender in plan.contenders):
         phases.append(("growth", bench.growth))
     for phase, run in phases:
         started = time.monotonic()
@@ -862,11 +881,15 @@ def ratios(report: dict[str, Any]) -> dict[str, float | None]:
 
         result["ours_fresh_p99_vs_ceiling"] = div(p99("ours"), p99("ceiling"))
         result["ours_mor_fresh_p99_vs_ceiling"] = div(p99("ours-mor"), p99("ceiling"))
-    for keys, sizes in report.get("growth", {}).items():
-        ordered = sorted(sizes, key=int)
-        if ordered:
-            largest, smallest = sizes[ordered[-1]]["batch_p50_s"], sizes[ordered[0]]["batch_p50_s"]
-            result[f"growth_{keys}_largest_vs_smallest"] = div(largest, smallest)
+    for entry in GROWTH_REPORTS.values():
+        for keys, sizes in report.get(entry, {}).items():
+            ordered = sorted(sizes, key=int)
+            if not ordered:
+                continue
+            largest, smallest = sizes[ordered[-1]], sizes[ordered[0]]
+            result[f"{entry}_{keys}_largest_vs_smallest"] = div(largest["batch_p50_s"], smallest["batch_p50_s"])
+            if "fold_s" in largest:
+                result[f"{entry}_{keys}_fold_largest_vs_smallest"] = div(largest["fold_s"], smallest["fold_s"])
     return result
 
 
@@ -897,9 +920,14 @@ def summary_lines(report: dict[str, Any]) -> Iterator[str]:
     if readers:
         repeats = report.get("workload", {}).get("reader_repeats", READER_REPEATS)
         yield f"readers (median of {repeats}): " + "; ".join(reader_parts(readers))
-    for keys, sizes in report.get("growth", {}).items():
-        for rows, g in sorted(sizes.items(), key=lambda kv: int(kv[0])):
-            yield f"growth, {keys} keys, {int(rows):>11,} rows: batch p50 {g['batch_p50_s']}s, max {g['batch_max_s']}s"
+    for contender, entry in GROWTH_REPORTS.items():
+        for keys, sizes in report.get(entry, {}).items():
+            for rows, g in sorted(sizes.items(), key=lambda kv: int(kv[0])):
+                fold_part = f", fold {g['fold_s']}s" if "fold_s" in g else ""
+                yield (
+                    f"growth, {contender}, {keys} keys, {int(rows):>11,} rows: batch p50 {g['batch_p50_s']}s, "
+                    f"max {g['batch_max_s']}s{fold_part}"
+                )
     for name, value in report.get("ratios", {}).items():
         yield f"{name}: {value}"
     shape = report.get("shape")
@@ -961,12 +989,19 @@ def plot(report: dict[str, Any], path: Path) -> None:
     axes[2].axhline(2.0, color="red", linestyle="--", linewidth=1, label="target p99")
     axes[2].set_title(f"freshness at {report['workload']['fresh_rate']} events/s (s)")
     axes[2].legend()
-    for keys, growth in report.get("growth", {}).items():
-        sizes = sorted(growth, key=int)
-        axes[3].plot([int(s) for s in sizes], [growth[s]["batch_p50_s"] for s in sizes], marker="o", label=keys)
+    for contender, entry in GROWTH_REPORTS.items():
+        for keys, growth in report.get(entry, {}).items():
+            sizes = sorted(growth, key=int)
+            axes[3].plot(
+                [int(s) for s in sizes],
+                [growth[s]["batch_p50_s"] for s in sizes],
+                marker="o",
+                linestyle="-" if entry == "growth" else "--",
+                label=f"{contender}, {keys}",
+            )
     axes[3].set_xscale("log")
-    axes[3].legend(title="keys")
-    axes[3].set_title(f"ours: batch of {report['workload']['growth_batch_size']} vs table rows (s)")
+    axes[3].legend(title="keys", fontsize=7)
+    axes[3].set_title(f"batch of {report['workload']['growth_batch_size']} vs table rows (s)")
     for ax in axes[:3]:
         ax.tick_params(axis="x", labelsize=7, rotation=45)
     machine = report["machine"]

@@ -79,6 +79,8 @@ def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, st
         assert 0 < fresh["fresh_p50_s"] <= fresh["fresh_p99_s"] <= fresh["fresh_max_s"], name
     for keys in ("uniform", "recent"):
         assert report["growth"][keys]["1000"]["batches"] and report["growth"][keys]["1000"]["batch_p50_s"] > 0
+        mor = report["growth_mor"][keys]["1000"]  # merge-on-read: its batches, then one fold of their changes
+        assert mor["batches"] and mor["batch_p50_s"] > 0 and mor["fold_s"] > 0 and mor["folded_keys"] > 0
     assert set(report["ratios"]) >= {
         "ours_vs_ceiling",
         "ours_vs_naive",
@@ -88,6 +90,9 @@ def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, st
         "rebuild_vs_ceiling",
         "ours_fresh_p99_vs_ceiling",
         "ours_mor_fresh_p99_vs_ceiling",
+        "growth_uniform_largest_vs_smallest",
+        "growth_mor_uniform_largest_vs_smallest",
+        "growth_mor_uniform_fold_largest_vs_smallest",
     }
     (plot,) = out.glob("bench-*.png")
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -84,6 +84,12 @@ def test_ratios_divide_figures_of_the_same_run() -> None:
             "rebuild": {"events_per_s": 1800.0},
         },
         "growth": {"uniform": {"100000": {"batch_p50_s": 2.0}, "10000000": {"batch_p50_s": 3.0}}},
+        "growth_mor": {
+            "uniform": {
+                "100000": {"batch_p50_s": 1.0, "fold_s": 2.0},
+                "10000000": {"batch_p50_s": 1.1, "fold_s": 10.0},
+            }
+        },
     }
     assert ratios(report) == {
         "ours_vs_ceiling": 0.4,
@@ -97,6 +103,8 @@ def test_ratios_divide_figures_of_the_same_run() -> None:
         "best_vs_peer": None,
         "rebuild_vs_ceiling": 0.9,
         "growth_uniform_largest_vs_smallest": 1.5,
+        "growth_mor_uniform_largest_vs_smallest": 1.1,
+        "growth_mor_uniform_fold_largest_vs_smallest": 5.0,
     }
 
 
@@ -132,7 +140,9 @@ def test_the_summary_shows_both_layouts_and_their_readers() -> None:
             },
         },
     }
+    report["growth_mor"] = {"uniform": {"100000": {"batch_p50_s": 1.0, "batch_max_s": 1.2, "fold_s": 2.5}}}
     lines = list(summary_lines(report))
+    assert "growth, ours-mor, uniform keys,     100,000 rows: batch p50 1.0s, max 1.2s, fold 2.5s" in lines
     assert any(line.startswith("ours-mor ") and "500" in line for line in lines)
     assert "ours-mor, one catch-up batch (p50): orders: log 0.40s" in lines
     assert (
