@@ -192,12 +192,13 @@ def summary(batches: list[Batch], min_jobs: int = 1) -> list[dict[str, Any]]:
 
 
 def format_summary(rows: list[dict[str, Any]]) -> list[str]:
-    header = f"{'query':<28} {'batches':>7} {'jobs':>5} {'stages':>6} {'tasks':>6} {'batch ms':>9} {'in jobs':>8} "
+    width = max([28, *(len(str(r["query"])) for r in rows)])  # whole names: the benchmark's differ at their end
+    header = f"{'query':<{width}} {'batches':>7} {'jobs':>5} {'stages':>6} {'tasks':>6} {'batch ms':>9} {'in jobs':>8} "
     header += f"{'driver':>7} {'cpu ms':>7}"
     lines = [header]
     for r in rows:
         lines.append(
-            f"{r['query'][:28]:<28} {r['batches']:>7} {r['jobs']:>5.0f} {r['stages']:>6.0f} {r['tasks']:>6.0f} "
+            f"{r['query']:<{width}} {r['batches']:>7} {r['jobs']:>5.0f} {r['stages']:>6.0f} {r['tasks']:>6.0f} "
             f"{r['add_batch_ms']:>9.0f} {r['job_ms']:>8.0f} {r['driver_ms']:>7.0f} {r['cpu_ms']:>7.0f}"
         )
     return lines
