@@ -40,7 +40,6 @@ from replica_lib.merge import (
     append_rows,
     append_tombstones,
     compact_files,
-    delta_table,
     merge_rows,
     typed_conflicts,
 )
@@ -52,7 +51,7 @@ from replica_lib.target import (
     TableSchema,
     changes_target,
     evolve_table,
-    file_count,
+    is_empty,
     read_table,
     replica_targets,
     tombstone_target,
@@ -816,15 +815,6 @@ def _summary(observation: Observation, winners: Observation | None, schema: Tabl
     )
 
 
-def is_empty(spark: SparkSession, target: Target) -> bool:
-    """Whether a Delta table has no data files (a replica being rebuilt); reads only the table's log."""
-    files = file_count(spark, target)
-    if files is not None:
-        return files == 0
-    row = delta_table(spark, target).detail().select("numFiles").first()
-    return row is None or not row[0]
-
-
 class _Retained:
     """Each table's retained deletes (keys and versions): read from Delta once, then kept up to date in memory.
 
@@ -849,7 +839,7 @@ class _Retained:
             target = tombstone_target(schema.table)
             tombstones = read_table(spark, target).where(~own).select(*version_columns(schema.table.keys))
             # An empty table (a new replica's) needs no scan, which on a starting JVM costs a second.
-            empty = file_count(spark, target) == 0
+            empty = is_empty(spark, target)
             self.parts[name] = [spark.createDataFrame([], tombstones.schema) if empty else tombstones.localCheckpoint()]
         return reduce(DataFrame.unionByName, self.parts[name])
 

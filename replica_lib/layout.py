@@ -28,7 +28,6 @@ from replica_lib.merge import (
     Commit,
     KeyRange,
     append_tombstones,
-    delta_table,
     merge_rows,
     retire_changes,
     typed_conflicts,
@@ -40,7 +39,8 @@ from replica_lib.target import (
     TableSchema,
     changes_target,
     current_schema,
-    file_count,
+    delta_table,
+    is_empty,
     read_table,
     size_bytes,
     tombstone_target,
@@ -125,24 +125,16 @@ def read_state(spark: SparkSession, table: TableConfig, changes_version: int | N
     """
     if not table.merge_on_read:
         return read_table(spark, table.target)
-    if changes_version is None and _holds_no_files(spark, changes_target(table)):
+    if changes_version is None and is_empty(spark, changes_target(table)):
         return read_table(spark, table.target)  # nothing pending: the table is the state (a fold only adds to it)
     changes = changes_target(table).describe()
     if changes_version is not None:
         changes = f"{changes} VERSION AS OF {int(changes_version)}"
     schema = current_schema(spark, table)  # the columns added from the data since, too
-    sizes = [size_bytes(spark, target) for target in (table.target, tombstone_target(table))]
+    deletes = tombstone_target(table)
+    sizes = [size_bytes(spark, target) for target in (table.target, deletes)]
     whole = all(size is not None for size in sizes) and sum(size or 0 for size in sizes) <= WHOLE_MAX_BYTES
-    return spark.sql(state_sql(schema, table.target.describe(), changes, tombstone_target(table).describe(), whole))
-
-
-def _holds_no_files(spark: SparkSession, target: Target) -> bool:
-    """From the latest commit's checksum (no Spark job), else DESCRIBE DETAIL (one on the table's cached state)."""
-    files = file_count(spark, target)
-    if files is not None:
-        return files == 0
-    row = delta_table(spark, target).detail().select("numFiles").first()
-    return row is None or not row[0]
+    return spark.sql(state_sql(schema, table.target.describe(), changes, deletes.describe(), whole))
 
 
 @dataclass(frozen=True)

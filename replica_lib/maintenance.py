@@ -40,15 +40,21 @@ from replica_lib.merge import (
     compact_files,
     delete_matching,
     delete_where,
-    delta_table,
-    file_count,
     typed_conflicts,
     vacuum_files,
     zorder_files,
 )
 from replica_lib.ordering import current_versions, newer
 from replica_lib.recovery import replica_running
-from replica_lib.target import read_table, replica_targets, table_exists, tombstone_target, version_columns
+from replica_lib.target import (
+    delta_table,
+    file_count,
+    read_table,
+    replica_targets,
+    table_exists,
+    tombstone_target,
+    version_columns,
+)
 from replica_lib.topics import TopicAdmin
 
 logger = logging.getLogger(__name__)
@@ -268,13 +274,13 @@ def tidy_files(
     done = []
     keys = {table.target.describe(): table.keys for table in cfg.tables} if zorder else {}
     for target in [t for t in replica_targets(cfg) if table_exists(spark, t)]:
-        before = file_count(spark, target)
+        before = file_count(spark, target) or 0  # the table exists: None only for a missing one
         by = keys.get(target.describe(), ())
         if by:
             zorder_files(spark, target, by)
         elif optimize:
             compact_files(spark, target, cfg.compaction.small_file_mb << 20)
-        after = file_count(spark, target)
+        after = file_count(spark, target) or 0
         hours = None if vacuum is None else vacuum.get(target.describe())
         deleted = None if hours is None else vacuum_files(spark, target, hours)
         done.append(Files(target.describe(), before, after, deleted, hours, by))

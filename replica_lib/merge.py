@@ -28,7 +28,7 @@ from replica_lib.errors import (
     jvm_causes,
 )
 from replica_lib.ordering import newer
-from replica_lib.target import PROVENANCE_COLUMNS, TableSchema
+from replica_lib.target import PROVENANCE_COLUMNS, TableSchema, delta_table, size_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -73,15 +73,6 @@ def idempotent(spark: SparkSession, commit: Commit) -> contextlib.AbstractContex
     return _session_confs(
         spark, {_TXN_APP_ID: commit.app_id, _TXN_VERSION: str(commit.batch_id), _USER_METADATA: commit.user_metadata()}
     )
-
-
-def delta_table(spark: SparkSession, target: Target) -> Any:
-    """The ``DeltaTable`` of a target, by path or by catalog name."""
-    from delta.tables import DeltaTable
-
-    if target.path:
-        return DeltaTable.forPath(spark, target.path)
-    return DeltaTable.forName(spark, str(target.table))
 
 
 def _on_keys(keys: tuple[str, ...]) -> Column:
@@ -164,13 +155,8 @@ REWRITE_MAX_BYTES = 64 << 20
 
 
 def _deletion_vectors(spark: SparkSession, target: Target) -> bool:
-    """Whether a MERGE into ``target`` now should write deletion vectors (see :data:`REWRITE_MAX_BYTES`).
-
-    The size comes from the snapshot's state, which the MERGE computes anyway to check its ``txnAppId``: asking
-    first adds one Spark job of a few milliseconds.
-    """
-    (size,) = delta_table(spark, target).detail().select("sizeInBytes").collect()
-    return int(size[0]) > REWRITE_MAX_BYTES
+    """Whether a MERGE into ``target`` now should write deletion vectors (see :data:`REWRITE_MAX_BYTES`)."""
+    return (size_bytes(spark, target) or 0) > REWRITE_MAX_BYTES
 
 
 def merge_rows(
@@ -450,12 +436,6 @@ def vacuum_files(spark: SparkSession, target: Target, retain_hours: float) -> in
         if row["operation"] == "VACUUM END":
             return int((row["operationMetrics"] or {}).get("numDeletedFiles", 0))
     return None
-
-
-def file_count(spark: SparkSession, target: Target) -> int:
-    """How many data files the table's latest version has."""
-    (row,) = delta_table(spark, target).detail().select("numFiles").collect()
-    return int(row[0])
 
 
 def delete_matching(spark: SparkSession, target: Target, rows_df: DataFrame, columns: tuple[str, ...]) -> int:

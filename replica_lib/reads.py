@@ -19,10 +19,9 @@ from pyspark.sql import DataFrame, SparkSession
 from replica_lib.config import ReplicaConfig, TableConfig
 from replica_lib.errors import ConfigError, NotAppliedError
 from replica_lib.layout import read_state
-from replica_lib.merge import delta_table
 from replica_lib.producer import Position
 from replica_lib.progress import Offsets, applied_offsets, applied_versions, last_committed_offsets
-from replica_lib.target import applied_target, read_table, table_exists
+from replica_lib.target import applied_target, delta_table, read_table, table_exists
 
 logger = logging.getLogger(__name__)
 

@@ -27,11 +27,10 @@ from pyspark.sql import types as T
 from replica_lib.config import ReplicaConfig, TableConfig
 from replica_lib.errors import TopicError
 from replica_lib.layout import read_state
-from replica_lib.merge import delta_table
 from replica_lib.metrics import late_counts, unknown_field_counts
 from replica_lib.progress import newest_commit
 from replica_lib.quarantine import unresolved
-from replica_lib.target import applied_target, read_table, table_exists, tombstone_target
+from replica_lib.target import applied_target, delta_table, read_table, table_exists, tombstone_target
 from replica_lib.topics import TopicAdmin
 
 

@@ -176,6 +176,15 @@ def read_table(spark: SparkSession, target: Target, version: int | None = None) 
     return reader.table(target.table)
 
 
+def delta_table(spark: SparkSession, target: Target) -> Any:
+    """The ``DeltaTable`` of a target, by path or by catalog name."""
+    from delta.tables import DeltaTable
+
+    if target.path:
+        return DeltaTable.forPath(spark, target.path)
+    return DeltaTable.forName(spark, str(target.table))
+
+
 def table_exists(spark: SparkSession, target: Target) -> bool:
     from delta.tables import DeltaTable
 
@@ -196,39 +205,43 @@ def table_id(spark: SparkSession, target: Target) -> str | None:
 
 
 def file_count(spark: SparkSession, target: Target) -> int | None:
-    """The table's data files at its latest version, as that commit's checksum (``.crc``) records them; None if
-    there is no table or that commit has no checksum (a writer that does not write one).
+    """The table's data files at its latest version; None if there is no table.
 
-    DESCRIBE DETAIL counts the files by reconstructing the table's state, three Spark jobs (seconds on a starting
-    JVM); the checksum Delta writes beside each of its commits holds the same count.
+    Read from the checksum (``.crc``) Delta writes beside each commit, which costs no Spark job; DESCRIBE DETAIL
+    counts them by reconstructing the table's state (three jobs, seconds on a starting JVM), so it serves only a
+    commit without a checksum (a writer that does not write one).
     """
-    checksum = _checksum(spark, target)
-    return None if checksum is None else int(checksum.numFiles())
+    return _from_checksum(spark, target, "numFiles")
 
 
 def size_bytes(spark: SparkSession, target: Target) -> int | None:
-    """The size of the table's data files at its latest version, from that commit's checksum, as
-    :func:`file_count`; None if there is no table or no checksum."""
-    checksum = _checksum(spark, target)
-    return None if checksum is None else int(checksum.tableSizeBytes())
+    """The size of the table's data files at its latest version, as :func:`file_count` reads it."""
+    return _from_checksum(spark, target, "sizeInBytes")
 
 
-def _checksum(spark: SparkSession, target: Target) -> Any:
-    """The latest commit's checksum (a JVM ``VersionChecksum``), or None."""
+def is_empty(spark: SparkSession, target: Target) -> bool:
+    """Whether there is no table at ``target`` or it has no data files (a new replica's, one being rebuilt)."""
+    return not file_count(spark, target)
+
+
+def _from_checksum(spark: SparkSession, target: Target, detail: str) -> int | None:
+    """One of the latest version's sizes (DESCRIBE DETAIL's ``numFiles`` or ``sizeInBytes``), None if no table."""
     snapshot = _snapshot(spark, target)
     if snapshot is None:
         return None
     checksum = snapshot.checksumOpt()
-    return checksum.get() if checksum.isDefined() else None
+    if checksum.isDefined():
+        return int(checksum.get().numFiles() if detail == "numFiles" else checksum.get().tableSizeBytes())
+    row = delta_table(spark, target).detail().select(detail).first()
+    return int(row[0]) if row is not None and row[0] is not None else 0
 
 
 def _snapshot(spark: SparkSession, target: Target) -> Any:
     """The table's latest Delta snapshot (a JVM object), read from its log alone; None if there is no table."""
-    from delta.tables import DeltaTable
 
     if not table_exists(spark, target):
         return None
-    table = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, str(target.table))
+    table = delta_table(spark, target)
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     none = jvm.scala.Option.empty()
@@ -521,9 +534,8 @@ _TYPE_WIDENING = "delta.enableTypeWidening"
 
 
 def _log_evolution(spark: SparkSession, target: Target, replica: str, what: str, why: str) -> None:
-    from delta.tables import DeltaTable
 
-    table = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, str(target.table))
+    table = delta_table(spark, target)
     version = table.history(1).select("version").first()
     logger.warning(
         "replica %s: %s of %s (%s): table version %s",

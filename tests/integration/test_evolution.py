@@ -16,10 +16,9 @@ from replica_dev.model import LoggedChange, fold
 from replica_lib.batch import BatchHooks, BatchStats
 from replica_lib.config import ReplicaConfig
 from replica_lib.errors import ConfigError
-from replica_lib.merge import delta_table
 from replica_lib.producer import Change
 from replica_lib.stream import start_replica
-from replica_lib.target import ensure_replica_tables, read_table
+from replica_lib.target import delta_table, ensure_replica_tables, read_table
 from tests.integration.support import RUN_TIMEOUT_S, orders_table, produce, replica_config, replica_df
 
 pytestmark = pytest.mark.integration

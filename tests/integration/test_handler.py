@@ -14,10 +14,9 @@ from pyspark.sql import DataFrame, SparkSession
 from replica_lib.batch import BatchHandler, BatchHooks
 from replica_lib.config import ReplicaConfig
 from replica_lib.errors import ConfigError
-from replica_lib.merge import delta_table
 from replica_lib.progress import applied_offsets
 from replica_lib.stream import batch_confs, start_replica
-from replica_lib.target import ensure_replica_tables, read_table
+from replica_lib.target import delta_table, ensure_replica_tables, read_table
 from tests.integration.support import (
     RUN_TIMEOUT_S,
     delete,

@@ -15,10 +15,10 @@ from replica_dev.model import LoggedChange
 from replica_lib import batch
 from replica_lib.config import load_replica
 from replica_lib.errors import ConcurrentDeleteReadError
-from replica_lib.merge import compact_files, file_count
+from replica_lib.merge import compact_files
 from replica_lib.recovery import release_checkpoint
 from replica_lib.stream import start_replica
-from replica_lib.target import replica_targets
+from replica_lib.target import file_count, replica_targets
 from tests.integration.support import delete, produce, replica_config, run_available_now, upsert
 from tests.integration.test_semantics import assert_matches_model
 

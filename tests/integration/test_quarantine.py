@@ -18,11 +18,11 @@ from jobs import quarantine as quarantine_job
 from replica_dev.model import LoggedChange, fold
 from replica_lib.config import ReplicaConfig
 from replica_lib.errors import CheckpointError
-from replica_lib.merge import delta_table
 from replica_lib.producer import Change, Position
 from replica_lib.quarantine import DROPPED, reasons, resolve, select, unresolved
 from replica_lib.recovery import LOCK_FILE, release_checkpoint
 from replica_lib.replay import replay
+from replica_lib.target import delta_table
 from tests.integration.support import orders_table, produce, replica_config, replica_df, run_available_now
 
 pytestmark = pytest.mark.integration

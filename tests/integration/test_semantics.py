@@ -19,10 +19,9 @@ from replica_dev.model import LoggedChange
 from replica_lib import merge, stream
 from replica_lib.config import CompactionConfig, ReplicaConfig, Target
 from replica_lib.maintenance import compact_tombstones
-from replica_lib.merge import delta_table
 from replica_lib.producer import Change, ChangeProducer, ProducerSettings
 from replica_lib.progress import applied_offsets
-from replica_lib.target import read_table, tombstone_target
+from replica_lib.target import delta_table, read_table, tombstone_target
 from replica_lib.topics import TopicAdmin, TopicSpec
 from tests.integration.support import (
     delete,
