@@ -54,11 +54,11 @@ logger = logging.getLogger(__name__)
 
 BENCH_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, updated_ms BIGINT, note STRING"
 DATA_COLUMNS = ("order_id", "customer", "amount", "status", "updated_ms", "note")
-FLOOR_ROWS, FLOOR_REPEATS = 100_000, 5
+FLOOR_ROWS = 100_000
 CONTENDERS = ("ceiling", "naive", "peer", "ours", "ours-mor")
 #: Our contenders, by the layout of their table: both run through the same path, only the layout differs.
 OURS = {"ours": COPY_ON_WRITE, "ours-mor": MERGE_ON_READ}
-READER_REPEATS = 5
+REPEATS = 5
 #: How the growth phase picks keys: uniformly over the table (every file touched), or among the newest keys.
 GROWTH_KEYS = ("uniform", "recent")
 #: The growth phase's contenders and the report entry of each.
@@ -91,8 +91,8 @@ class BenchPlan:
     warmup_events: int = 60_000
     #: ours-mor: the stream folds the change log into the table after every this-many-th batch (0: never).
     fold_every_batches: int = 10
-    #: Each reader query's measured runs (after one unmeasured): the median is reported.
-    reader_repeats: int = READER_REPEATS
+    #: The measured runs (after one unmeasured) of each fixed-cost action and reader query: the median is reported.
+    repeats: int = REPEATS
 
     def __post_init__(self) -> None:
         def fail(name: str, problem: str, fix: str) -> None:
@@ -105,7 +105,7 @@ class BenchPlan:
             "partitions",
             "growth_batch_size",
             "growth_batches",
-            "reader_repeats",
+            "repeats",
         ):
             if getattr(self, name) < 1:
                 fail(f"--{name.replace('_', '-')}", f"must be at least 1, got {getattr(self, name)}", "pass 1 or more")
@@ -478,7 +478,7 @@ class Bench:
     def floor(self, report: dict[str, Any]) -> None:
         """What any batch pays on this machine whatever its size: the fixed cost the contenders build on.
 
-        Medians of ``FLOOR_REPEATS`` runs (after one warm-up) of a trivial Spark job, a 20-row Delta append and
+        Medians of the plan's ``repeats`` runs (after one warm-up) of a trivial Spark job, a 20-row Delta append and
         a plain 20-row Delta MERGE into a 100,000-row table with deletion vectors, as a replica table has.
         """
         path = str(self.workdir / "floor" / "table")
@@ -494,14 +494,7 @@ class Bench:
                 self.spark, path, changes, "order_id", "order_id", list(DATA_COLUMNS)
             ),
         }
-        results = {}
-        for name, action in actions.items():
-            times = []
-            for _ in range(FLOOR_REPEATS + 1):
-                started = time.monotonic()
-                action()
-                times.append(time.monotonic() - started)
-            results[name] = _round(percentile(times[1:], 50))
+        results = {name: median_seconds(action, self.plan.repeats)[0] for name, action in actions.items()}
         logger.info("  floor: %s", results)
         report["floor"] = results
         shutil.rmtree(self.workdir / "floor", ignore_errors=True)
@@ -578,7 +571,7 @@ class Bench:
         report["readers"] = results
 
     def read_costs(self, table: TableConfig) -> dict[str, Any]:
-        """Median seconds of the plan's ``reader_repeats`` runs (after one warm-up) of each query, from reading the
+        """Median seconds of the plan's ``repeats`` runs (after one warm-up) of each query, from reading the
         state on."""
 
         def aggregate() -> list[Any]:
@@ -587,7 +580,7 @@ class Bench:
         def point(key: int) -> list[Any]:
             return read_state(self.spark, table).where(F.col("order_id") == F.lit(key)).collect()
 
-        repeats = self.plan.reader_repeats
+        repeats = self.plan.repeats
         seconds, first = median_seconds(aggregate, repeats)
         result: dict[str, Any] = {"rows": int(first[0][0]), "aggregate_s": seconds}
         key = self.probe_key
@@ -699,7 +692,7 @@ def live_seqs(events: Sequence[Event]) -> dict[int, int]:
     return expected
 
 
-def median_seconds(action: Callable[[], Any], repeats: int = READER_REPEATS) -> tuple[float | None, Any]:
+def median_seconds(action: Callable[[], Any], repeats: int = REPEATS) -> tuple[float | None, Any]:
     """Median wall seconds of ``repeats`` runs of ``action`` after one unmeasured run (which warms the JVM's code
     and Delta's snapshot cache as a reader's earlier queries would), and what that first run returned."""
     first = action()
@@ -918,7 +911,7 @@ def summary_lines(report: dict[str, Any]) -> Iterator[str]:
             yield f"{contender}, one catch-up batch (p50): " + ", ".join(f"{k} {v:.2f}s" for k, v in stages.items())
     readers = report.get("readers")
     if readers:
-        repeats = report.get("workload", {}).get("reader_repeats", READER_REPEATS)
+        repeats = report.get("workload", {}).get("repeats", REPEATS)
         yield f"readers (median of {repeats}): " + "; ".join(reader_parts(readers))
     for contender, entry in GROWTH_REPORTS.items():
         for keys, sizes in report.get(entry, {}).items():

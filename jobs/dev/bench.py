@@ -57,7 +57,10 @@ def main(argv: list[str]) -> int:
         help="ours-mor: fold the change log after every this-many-th batch (0: never during the stream)",
     )
     parser.add_argument(
-        "--reader-repeats", type=int, default=defaults.reader_repeats, help="measured runs of each reader query"
+        "--repeats",
+        type=int,
+        default=defaults.repeats,
+        help="measured runs of each fixed-cost action and reader query (the median is reported)",
     )
     parser.add_argument("--bootstrap-servers", help="use this broker instead of starting one")
     parser.add_argument("--workdir", type=Path, help="tables and checkpoints (default: a new temporary folder)")

@@ -28,7 +28,7 @@ def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, st
         "--growth-batch-size": 50,
         "--growth-batches": 2,
         "--warmup-events": 0,
-        "--reader-repeats": 1,
+        "--repeats": 1,
         "--bootstrap-servers": connection["bootstrap.servers"],
         "--workdir": tmp_path / "work",
         "--out": out,
