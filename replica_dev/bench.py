@@ -41,7 +41,14 @@ from replica_dev.conf import orders_table, replica_doc
 from replica_dev.loadgen import CUSTOMERS, STATUSES
 from replica_dev.naive import merge_naive
 from replica_lib.batch import BatchHooks, BatchStats
-from replica_lib.config import COPY_ON_WRITE, MERGE_ON_READ, ReplicaConfig, TableConfig, parse_replica
+from replica_lib.config import (
+    COPY_ON_WRITE,
+    FETCH_MAX_WAIT_MS,
+    MERGE_ON_READ,
+    ReplicaConfig,
+    TableConfig,
+    parse_replica,
+)
 from replica_lib.errors import ConfigError
 from replica_lib.layout import fold, read_state
 from replica_lib.producer import Change, ChangeProducer, ProducerSettings, encode_key, encode_value
@@ -366,6 +373,8 @@ class Bench:
             "subscribe": topic,
             "startingOffsets": "earliest",
             "kafka.isolation.level": "read_committed",
+            # Every contender's consumers wait for the broker as ours do (replica_lib.config.FETCH_MAX_WAIT_MS).
+            "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
         }
         if batch_size:
             options["maxOffsetsPerTrigger"] = str(batch_size)

@@ -184,6 +184,14 @@ def _jaas_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+#: Spark's Kafka reader asks the broker for a partition's offset range after every poll, while the consumer's next
+#: fetch, sent as the poll returned, waits there. A broker answers a connection's requests in order and holds a fetch
+#: that finds nothing new for ``fetch.max.wait.ms`` (500 ms by default), so every task that reads up to the log's end
+#: (each batch of a replica that keeps up) waited half a second for nothing. Spark's consumers poll only inside a
+#: task, where that long poll saves nothing. A replica's own ``fetch.max.wait.ms`` option stands.
+FETCH_MAX_WAIT_MS = 10
+
+
 @dataclass(frozen=True)
 class KafkaConfig:
     """How to reach the cluster; ``options`` pass through to Spark as ``kafka.<key>``.
@@ -212,6 +220,7 @@ class KafkaConfig:
         if "ssl.ca.location" in java and "ssl.truststore.location" not in java:
             java.update({"ssl.truststore.type": "PEM", "ssl.truststore.location": java.pop("ssl.ca.location")})
         opts = {f"kafka.{key}": value for key, value in sorted(java.items())}
+        opts.setdefault("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
         opts["kafka.bootstrap.servers"] = self.bootstrap_servers
         return opts
 

@@ -10,6 +10,7 @@ import pytest
 
 from replica_dev.conf import ORDERS_SCHEMA
 from replica_lib.config import (
+    FETCH_MAX_WAIT_MS,
     CompactionConfig,
     KafkaConfig,
     ReplicaConfig,
@@ -399,6 +400,7 @@ def test_spark_options_prefix_every_option_with_kafka() -> None:
     cfg = secret_config()
     assert cfg.kafka.spark_options() == {
         "kafka.bootstrap.servers": "b:9092",
+        "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
         "kafka.sasl.jaas.config": SECRET_JAAS,
         "kafka.sasl.mechanism": "PLAIN",
         "kafka.security.protocol": "SASL_SSL",

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from replica_lib.config import ClientConfig, KafkaConfig, ReplicaConfig, parse_jaas, parse_replica
+from replica_lib.config import FETCH_MAX_WAIT_MS, ClientConfig, KafkaConfig, ReplicaConfig, parse_jaas, parse_replica
 from replica_lib.errors import ConfigError
 
 SOURCE = "secure.toml"
@@ -135,6 +135,7 @@ def test_librdkafka_names_reach_spark_in_javas() -> None:
     )
     assert cfg.kafka.spark_options() == {
         "kafka.bootstrap.servers": "b:9092",
+        "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
         "kafka.security.protocol": "SASL_SSL",
         "kafka.sasl.mechanism": "SCRAM-SHA-512",
         "kafka.sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule required username="u" '
@@ -148,10 +149,18 @@ def test_librdkafka_names_reach_spark_in_javas() -> None:
     assert settings(dict(cfg.kafka.options))["sasl.password"] == PASSWORD
 
 
+def test_spark_consumers_do_not_wait_on_the_brokers_long_poll_unless_told_to() -> None:
+    # A task that reads up to the log's end would otherwise wait fetch.max.wait.ms (500 ms) for its offset range.
+    assert load({}).kafka.spark_options()["kafka.fetch.max.wait.ms"] == str(FETCH_MAX_WAIT_MS) == "10"
+    assert load({"fetch.max.wait.ms": "200"}).kafka.spark_options()["kafka.fetch.max.wait.ms"] == "200"
+    assert "fetch.max.wait.ms" not in settings({})  # Spark's consumers' setting, not confluent-kafka's
+
+
 def test_java_names_reach_spark_unchanged() -> None:
     options = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.jaas.config": PLAIN_JAAS}
     assert load(options).kafka.spark_options() == {
         "kafka.bootstrap.servers": "b:9092",
+        "kafka.fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
         "kafka.security.protocol": "SASL_PLAINTEXT",
         "kafka.sasl.mechanism": "PLAIN",
         "kafka.sasl.jaas.config": PLAIN_JAAS.replace("${PW}", "s3cret"),
