@@ -91,6 +91,8 @@ class BenchPlan:
     fresh_seconds: int = 30
     fresh_rows: int = 1_000_000
     growth_rows: tuple[int, ...] = (100_000, 1_000_000, 10_000_000)
+    #: Which key draws the growth phase runs (:data:`GROWTH_KEYS`): every file touched, or the newest keys'.
+    growth_keys: tuple[str, ...] = GROWTH_KEYS
     growth_batch_size: int = 1_000
     growth_batches: int = 6
     #: Not measured, run by every contender before the catch-up: several full-size batches, as Spark's query
@@ -126,6 +128,10 @@ class BenchPlan:
         unknown = [c for c in self.contenders if c not in CONTENDERS]
         if unknown or not self.contenders:
             fail("--contenders", f"unknown {unknown}" if unknown else "none given", f"use {','.join(CONTENDERS)}")
+        unknown_keys = [keys for keys in self.growth_keys if keys not in GROWTH_KEYS]
+        if unknown_keys or not self.growth_keys:
+            problem = f"unknown {unknown_keys}" if unknown_keys else "none given"
+            fail("--growth-keys", problem, f"use any of {','.join(GROWTH_KEYS)}")
         if any(rows < 1 for rows in self.growth_rows):
             fail("--growth-rows", "table sizes must be positive", "e.g. --growth-rows 100000,1000000")
 
@@ -645,7 +651,7 @@ class Bench:
         plan = self.plan
         contenders = [c for c in GROWTH_REPORTS if c in plan.contenders]
         results: dict[str, dict[str, dict[str, Any]]] = {c: {} for c in contenders}
-        for keys in GROWTH_KEYS:
+        for keys in plan.growth_keys:
             for rows in plan.growth_rows:
                 first = max(0, rows - RECENT_KEYS) if keys == "recent" else 0
                 count = plan.growth_batch_size * plan.growth_batches

@@ -15,7 +15,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from jobs._cli import guarded, setup_logging
-from replica_dev.bench import CONTENDERS, BenchPlan, event_log_conf, run_bench, summary_lines, write_report
+from replica_dev.bench import CONTENDERS, GROWTH_KEYS, BenchPlan, event_log_conf, run_bench, summary_lines, write_report
 from replica_dev.embedded_kafka import EmbeddedKafka
 from replica_lib.config import local_settings
 from replica_lib.session import build_session
@@ -46,6 +46,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--fresh-rows", type=int, default=defaults.fresh_rows, help="rows in the table beforehand")
     parser.add_argument(
         "--growth-rows", type=_ints, default=defaults.growth_rows, help="table sizes, e.g. 100000,1000000 ('' skips)"
+    )
+    parser.add_argument(
+        "--growth-keys",
+        type=lambda text: tuple(part.strip() for part in text.split(",") if part.strip()),
+        default=defaults.growth_keys,
+        help=f"key draws of the growth phase, any of {','.join(GROWTH_KEYS)} (default: both)",
     )
     parser.add_argument("--growth-batch-size", type=int, default=defaults.growth_batch_size)
     parser.add_argument("--growth-batches", type=int, default=defaults.growth_batches)

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from jobs._cli import guarded, setup_logging
-from replica_dev.chaos import ChaosPlan, layout_windows, run_chaos
+from replica_dev.chaos import ChaosPlan, layout_windows, run_broker_outages, run_chaos
 from replica_dev.embedded_kafka import EmbeddedKafka
 from replica_lib.config import COPY_ON_WRITE, LAYOUTS, local_settings
 from replica_lib.session import build_session
@@ -48,7 +48,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--second-instance", action="store_true", help="at the end, start a second instance by mistake: it must fail"
     )
+    parser.add_argument(
+        "--broker-outages",
+        type=int,
+        default=0,
+        help="then kill and restart the broker this many times under a running replica, and start one while it is "
+        "down (default 0: none)",
+    )
     args = parser.parse_args(argv)
+    if args.broker_outages < 0:
+        parser.error("--broker-outages must be 0 or more")
     setup_logging()
     layouts = tuple(dict.fromkeys(args.layout or [COPY_ON_WRITE]))
     try:
@@ -72,10 +81,12 @@ def main(argv: list[str]) -> int:
         print(f"working in {workdir}")
         with EmbeddedKafka(workdir / "broker", settings.state_dir, settings.java_home) as broker:
             spark = build_session("replica-chaos-oracle", settings, master="local[1]")
-            report = run_chaos(spark, plan, workdir, broker.bootstrap_servers)
-        for line in report.lines():
-            print(line)
-        return 0 if report.ok else 1
+            reports = [run_chaos(spark, plan, workdir, broker.bootstrap_servers)]
+            if args.broker_outages > 0:
+                reports.append(run_broker_outages(spark, plan, workdir / "outages", broker, args.broker_outages))
+        for report in reports:
+            print("\n".join(report.lines()))
+        return 0 if all(report.ok for report in reports) else 1
 
     return guarded(body)
 

@@ -19,6 +19,8 @@ def test_bad_arguments_name_the_flag_and_the_fix() -> None:
         BenchPlan(delete_share=1.5)
     with pytest.raises(ConfigError, match="--fold-every-batches"):
         BenchPlan(fold_every_batches=-1)
+    with pytest.raises(ConfigError, match=r"--growth-keys.*unknown \['zipf'\].*uniform,recent"):
+        BenchPlan(growth_keys=("uniform", "zipf"))
 
 
 def test_every_contender_runs_by_default_and_merge_on_read_is_one_of_them() -> None:
