@@ -48,7 +48,7 @@ def spark(settings: LocalSettings) -> Iterator[SparkSession]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def resolved_ahead(request: pytest.FixtureRequest) -> Iterator[None]:
+def resolved_ahead(request: pytest.FixtureRequest, settings: LocalSettings) -> Iterator[None]:
     """On a fresh clone, the jars of the broker, Connect, Debezium and Kafka's tools, Spark's packages of the jobs
     and spark-submit.sh's class archive take minutes to download and build: when integration tests are to run, a
     thread does it while the unit tests run (after the session's own packages, as Ivy does not lock its cache). A
@@ -58,8 +58,6 @@ def resolved_ahead(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
         return
     request.getfixturevalue("spark")
-    # Not the ``settings`` fixture: a test may name a parameter of its own so, which an autouse fixture would see.
-    settings = local_settings()
 
     def resolve() -> None:
         try:
