@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,10 +10,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from replica_dev import maven
 from replica_dev.embedded_kafka import EmbeddedKafka
 from replica_lib.config import LocalSettings, local_settings
-from replica_lib.errors import SetupError
 from replica_lib.session import build_session
 from replica_lib.topics import TopicAdmin, TopicSpec
 
@@ -45,30 +41,6 @@ def spark(settings: LocalSettings) -> Iterator[SparkSession]:
     )
     yield session
     session.stop()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def resolved_ahead(request: pytest.FixtureRequest, settings: LocalSettings) -> Iterator[None]:
-    """On a fresh clone, the jars of the broker, Connect, Debezium and Kafka's tools, Spark's packages of the jobs
-    and spark-submit.sh's class archive take minutes to download and build: when integration tests are to run, a
-    thread does it while the unit tests run (after the session's own packages, as Ivy does not lock its cache). A
-    fixture that needs a part before the thread is done waits for it; a failure here is met again, and explained,
-    by the test that needs the part."""
-    if not any(item.get_closest_marker("integration") for item in request.session.items):
-        yield
-        return
-    request.getfixturevalue("spark")
-
-    def resolve() -> None:
-        try:
-            maven.resolve_ahead(maven.find_java(settings.java_home), settings.state_dir)
-        except SetupError as exc:
-            logging.getLogger(__name__).warning("resolving ahead stopped: %s", exc)
-
-    thread = threading.Thread(target=resolve, name="resolve-ahead", daemon=True)
-    thread.start()
-    yield
-    thread.join()
 
 
 @pytest.fixture(scope="session")
