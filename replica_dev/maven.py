@@ -6,19 +6,15 @@ only) and the same cache under ``<state>/ivy``, so after the first run everythin
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import logging
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from replica_lib.artifacts import IVY_SETTINGS, SCALA_BINARY, SPARK_PACKAGES
-from replica_lib.config import PROJECT_ROOT
 from replica_lib.errors import SetupError
 
 logger = logging.getLogger(__name__)
@@ -49,15 +45,6 @@ DEBEZIUM_VERSION = "3.6.1.Final"
 #: Debezium's PostgreSQL connector, a Connect plugin: it goes on the worker's ``plugin.path``, in a class loader of
 #: its own, so that the Kafka client it was built with (newer than the worker's) stays out of the worker's way.
 DEBEZIUM_POSTGRES_PACKAGES: tuple[str, ...] = (f"io.debezium:debezium-connector-postgres:{DEBEZIUM_VERSION}",)
-#: Kafka's command-line tools (kafka-consumer-groups.sh runs their classes), at the embedded broker's version.
-TOOLS_PACKAGES: tuple[str, ...] = (f"org.apache.kafka:kafka-tools:{KAFKA_BROKER_VERSION}",)
-#: Every set of jars the local infrastructure resolves, by the name of its folder under ``<state>/jars``.
-DEV_JARS: dict[str, tuple[str, ...]] = {
-    "kafka-broker": BROKER_PACKAGES,
-    "kafka-connect": CONNECT_PACKAGES,
-    "debezium-postgres": DEBEZIUM_POSTGRES_PACKAGES,
-    "kafka-tools": TOOLS_PACKAGES,
-}
 
 RESOURCES = Path(__file__).resolve().parent / "resources"
 MIN_JAVA = 17
@@ -131,85 +118,50 @@ def _ivy_module(coordinates: tuple[str, ...]) -> str:
     )
 
 
-@contextlib.contextmanager
-def _resolving(state_dir: Path) -> Iterator[None]:
-    """Hold the Ivy cache's lock: Ivy does not lock its cache, and the test suite resolves jars in a background
-    thread while its fixtures may ask for them (``flock`` locks between threads' own opens and between processes)."""
-    lock = state_dir / "ivy" / "resolve.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with lock.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def resolve_jars(java: Java, coordinates: tuple[str, ...], state_dir: Path, name: str) -> list[Path]:
-    """Resolve ``coordinates`` with their runtime dependencies into ``<state>/jars/<name>-<hash>``, once.
-
-    Safe to call from several threads and processes at once (see :func:`_resolving`).
-    """
+    """Resolve ``coordinates`` with their runtime dependencies into ``<state>/jars/<name>-<hash>``, once."""
     digest = hashlib.sha256("\n".join(coordinates).encode()).hexdigest()[:12]
     target = state_dir / "jars" / f"{name}-{digest}"
     done = target / ".resolved"
     if done.exists():
         return sorted(target.glob("*.jar"))
-    with _resolving(state_dir):
-        if done.exists():  # resolved by another thread or process while this one waited
-            return sorted(target.glob("*.jar"))
-        target.mkdir(parents=True, exist_ok=True)
-        module = target / "ivy.xml"
-        module.write_text(_ivy_module(coordinates))
-        log = target / "ivy.log"
-        logger.info("resolving %s from Maven Central (first run only) ...", ", ".join(coordinates))
-        cmd = [
-            java.executable,
-            "-jar",
-            str(ivy_jar()),
-            "-settings",
-            str(IVY_SETTINGS),
-            "-cache",
-            str(state_dir / "ivy" / "cache"),
-            "-ivy",
-            str(module),
-            "-confs",
-            "default",
-            "-retrieve",
-            str(target / "[artifact]-[revision](-[classifier]).[ext]"),
-        ]
-        try:
-            with log.open("w") as out:
-                proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=_RESOLVE_TIMEOUT_S)
-        except subprocess.TimeoutExpired as exc:
-            raise SetupError(
-                f"resolving {name} jars from Maven Central took over {_RESOLVE_TIMEOUT_S}s: check the network "
-                f"and retry (log: {log})"
-            ) from exc
-        if proc.returncode != 0:
-            unresolved = [ln.strip() for ln in log.read_text().splitlines() if "not found" in ln or "FAILED" in ln]
-            detail = unresolved[0] if unresolved else f"exit code {proc.returncode}"
-            raise SetupError(
-                f"could not download {name} jars from Maven Central ({detail}): check the network or proxy "
-                f"and retry; full log: {log}"
-            )
-        done.write_text("\n".join(coordinates) + "\n")
-        return sorted(target.glob("*.jar"))
-
-
-def resolve_ahead(java: Java, state_dir: Path) -> None:
-    """Download and build, one after the other, what the local infrastructure needs at its first use on a fresh
-    clone: Spark's packages for every job with ``spark-submit.sh``'s class archive (a launch that only prints the
-    benchmark's help, the job with the most packages), then every :data:`DEV_JARS`. The test suite runs it beside
-    its first tests. Call it after this process's Spark session has resolved its packages: Spark's Ivy does not
-    lock the cache either. Raises SetupError on the first failure; a later use meets it again and says why.
-    """
-    launch = [str(PROJECT_ROOT / "spark-submit.sh"), "jobs/dev/bench.py", "--help"]
-    proc = subprocess.run(launch, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=_RESOLVE_TIMEOUT_S)
+    target.mkdir(parents=True, exist_ok=True)
+    module = target / "ivy.xml"
+    module.write_text(_ivy_module(coordinates))
+    log = target / "ivy.log"
+    logger.info("resolving %s from Maven Central (first run only) ...", ", ".join(coordinates))
+    cmd = [
+        java.executable,
+        "-jar",
+        str(ivy_jar()),
+        "-settings",
+        str(IVY_SETTINGS),
+        "-cache",
+        str(state_dir / "ivy" / "cache"),
+        "-ivy",
+        str(module),
+        "-confs",
+        "default",
+        "-retrieve",
+        str(target / "[artifact]-[revision](-[classifier]).[ext]"),
+    ]
+    try:
+        with log.open("w") as out:
+            proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=_RESOLVE_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        raise SetupError(
+            f"resolving {name} jars from Maven Central took over {_RESOLVE_TIMEOUT_S}s: check the network "
+            f"and retry (log: {log})"
+        ) from exc
     if proc.returncode != 0:
-        raise SetupError(f"spark-submit.sh could not start a job: {(proc.stderr or proc.stdout).strip()[-500:]}")
-    for name, coordinates in DEV_JARS.items():
-        resolve_jars(java, coordinates, state_dir, name)
+        unresolved = [ln.strip() for ln in log.read_text().splitlines() if "not found" in ln or "FAILED" in ln]
+        detail = unresolved[0] if unresolved else f"exit code {proc.returncode}"
+        raise SetupError(
+            f"could not download {name} jars from Maven Central ({detail}): check the network or proxy "
+            f"and retry; full log: {log}"
+        )
+    done.write_text("\n".join(coordinates) + "\n")
+    return sorted(target.glob("*.jar"))
 
 
 def packages_for(job_file: str) -> tuple[str, ...]:
