@@ -205,18 +205,15 @@ def table_id(spark: SparkSession, target: Target) -> str | None:
 
 
 def file_count(spark: SparkSession, target: Target) -> int | None:
-    """The table's data files at its latest version; None if there is no table.
-
-    Read from the checksum (``.crc``) Delta writes beside each commit, which costs no Spark job; DESCRIBE DETAIL
-    counts them by reconstructing the table's state (three jobs, seconds on a starting JVM), so it serves only a
-    commit without a checksum (a writer that does not write one).
-    """
-    return _from_checksum(spark, target, "numFiles")
+    """The table's data files at its latest version; None if there is no table (see :func:`_sizes`)."""
+    sizes = _sizes(spark, target)
+    return None if sizes is None else sizes[0]
 
 
 def size_bytes(spark: SparkSession, target: Target) -> int | None:
-    """The size of the table's data files at its latest version, as :func:`file_count` reads it."""
-    return _from_checksum(spark, target, "sizeInBytes")
+    """The size of the table's data files at its latest version; None if there is no table (see :func:`_sizes`)."""
+    sizes = _sizes(spark, target)
+    return None if sizes is None else sizes[1]
 
 
 def is_empty(spark: SparkSession, target: Target) -> bool:
@@ -224,21 +221,25 @@ def is_empty(spark: SparkSession, target: Target) -> bool:
     return not file_count(spark, target)
 
 
-def _from_checksum(spark: SparkSession, target: Target, detail: str) -> int | None:
-    """One of the latest version's sizes (DESCRIBE DETAIL's ``numFiles`` or ``sizeInBytes``), None if no table."""
+def _sizes(spark: SparkSession, target: Target) -> tuple[int, int] | None:
+    """The latest version's data files and their bytes; None if there is no table.
+
+    Read from the checksum (``.crc``) Delta writes beside each commit, which costs no Spark job; DESCRIBE DETAIL
+    counts them by reconstructing the table's state (three jobs, seconds on a starting JVM), so it serves only a
+    commit without a checksum (a writer that does not write one).
+    """
     snapshot = _snapshot(spark, target)
     if snapshot is None:
         return None
     checksum = snapshot.checksumOpt()
     if checksum.isDefined():
-        return int(checksum.get().numFiles() if detail == "numFiles" else checksum.get().tableSizeBytes())
-    row = delta_table(spark, target).detail().select(detail).first()
-    return int(row[0]) if row is not None and row[0] is not None else 0
+        return int(checksum.get().numFiles()), int(checksum.get().tableSizeBytes())
+    row = delta_table(spark, target).detail().select("numFiles", "sizeInBytes").first()
+    return (0, 0) if row is None else (int(row[0] or 0), int(row[1] or 0))
 
 
 def _snapshot(spark: SparkSession, target: Target) -> Any:
     """The table's latest Delta snapshot (a JVM object), read from its log alone; None if there is no table."""
-
     if not table_exists(spark, target):
         return None
     table = delta_table(spark, target)
@@ -534,7 +535,6 @@ _TYPE_WIDENING = "delta.enableTypeWidening"
 
 
 def _log_evolution(spark: SparkSession, target: Target, replica: str, what: str, why: str) -> None:
-
     table = delta_table(spark, target)
     version = table.history(1).select("version").first()
     logger.warning(
