@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 
 from replica_lib.config import ReplicaConfig, resolved_location
 from replica_lib.merge import append_resolved
-from replica_lib.target import TableSchema, file_count, read_table, table_exists
+from replica_lib.target import TableSchema, is_empty, read_table, table_exists
 
 COORDINATES = ["topic", "partition", "offset"]
 REPLAYED, DROPPED = "replayed", "dropped"
@@ -34,7 +34,7 @@ def unresolved(spark: SparkSession, cfg: ReplicaConfig) -> DataFrame | None:
 
 def held_keys(spark: SparkSession, cfg: ReplicaConfig, schema: TableSchema) -> DataFrame | None:
     """The keys of ``schema``'s table that unresolved records hold, as its key columns (None if none can be)."""
-    if file_count(spark, cfg.quarantine) == 0:  # an empty quarantine holds no key (known without a Spark job)
+    if is_empty(spark, cfg.quarantine):  # no quarantine, or an empty one, holds no key (known without a Spark job)
         return None
     records = unresolved(spark, cfg)
     if records is None or "held_key" not in records.columns:
