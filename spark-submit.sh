@@ -6,8 +6,8 @@
 #
 # Any spark-submit option may come before the job file. The Spark extras (Delta, Spark's Kafka source, and a
 # job's own, e.g. spark-avro for jobs/dev/bench.py) are passed as --packages, resolved by Spark's Ivy from Maven
-# Central into the project's cache (.state/ivy) once; on a cluster the same coordinates are resolved there, and
-# replica_lib is shipped with --py-files.
+# Central into the project's cache (.state/ivy) once, and as the jars resolved then on later local starts; on a
+# cluster the same coordinates are resolved there, and replica_lib is shipped with --py-files.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/scripts/bootstrap.sh"
 replica_bootstrap
@@ -32,10 +32,18 @@ done
 module=replica_lib.artifacts
 [[ "$job" == */dev/* ]] && module=replica_dev.maven
 packages=$("$PY" -c "import sys; from $module import packages_for; print(','.join(packages_for(sys.argv[1])))" "$job")
+# A local driver takes the jars Ivy resolved for these packages at an earlier local start, if they are recorded and
+# still cached (replica_lib.artifacts.resolved_jars): Ivy's resolution costs ~1.5 s of every start, even offline.
+# The empty spark.jars.packages overrides the session's own (replica_lib.session), which would resolve them again.
+dependencies=(--packages "$packages")
+if [[ -z "$master" || "$master" == local* ]]; then
+  jars=$("$PY" -c "import sys; from pathlib import Path; from replica_lib.artifacts import resolved_jars; print(','.join(resolved_jars(sys.argv[1].split(','), Path(sys.argv[2]))))" "$packages" "$STATE/ivy")
+  [[ -n "$jars" ]] && dependencies=(--jars "$jars" --conf "spark.jars.packages=")
+fi
 # The SQL server's JDBC sessions load Delta from the JVM's own class path (replica_lib.artifacts.driver_classpath).
 classpath=$("$PY" -c "import sys; from pathlib import Path; from replica_lib.artifacts import driver_classpath; print(':'.join(driver_classpath(sys.argv[1], Path(sys.argv[2]))))" "$job" "$STATE/ivy")
 common=(
-  --packages "$packages"
+  "${dependencies[@]}"
   --conf "spark.jars.ivy=$STATE/ivy"
   --conf "spark.jars.ivySettings=$ROOT/replica_lib/resources/ivysettings.xml"
   --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension

@@ -37,8 +37,11 @@ CODEGEN_CACHE = {"spark.sql.codegen.cache.maxEntries": "2000"}
 
 def session_conf(settings: LocalSettings, master: str | None, ui: bool) -> dict[str, str]:
     """Spark configuration for replica jobs; under ``spark-submit.sh`` most of it is already set."""
+    local = master is not None and master.startswith("local")
+    # A local JVM started here takes the jars resolved at an earlier start (artifacts.resolved_jars), if recorded.
+    jars = artifacts.resolved_jars(artifacts.SPARK_PACKAGES, settings.state_dir / "ivy") if local else ()
     conf = {
-        "spark.jars.packages": ",".join(artifacts.SPARK_PACKAGES),
+        **({"spark.jars": ",".join(jars)} if jars else {"spark.jars.packages": ",".join(artifacts.SPARK_PACKAGES)}),
         "spark.jars.ivy": str(settings.state_dir / "ivy"),
         "spark.jars.ivySettings": str(artifacts.IVY_SETTINGS),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -51,7 +54,7 @@ def session_conf(settings: LocalSettings, master: str | None, ui: bool) -> dict[
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
         **CODEGEN_CACHE,
     }
-    if master is not None and master.startswith("local"):
+    if local:
         conf.update(
             {
                 "spark.driver.host": "127.0.0.1",
@@ -220,6 +223,7 @@ def build_session(
             f"in {settings.state_dir / 'ivy'} after one success). Otherwise check Java 17+ (JAVA_HOME)."
         ) from exc
     spark.sparkContext.setLogLevel("WARN")
+    _record_resolved(spark, settings)
     if local_metastore(spark, settings):  # Derby writes derby.log in the working folder unless told otherwise
         jvm = spark.sparkContext._jvm
         assert jvm is not None
@@ -227,6 +231,21 @@ def build_session(
         jvm.java.lang.System.setProperty("derby.stream.error.file", str(settings.catalog_home / "derby.log"))
     logger.info("Spark %s session %r ready (master %s)", spark.version, app_name, spark.sparkContext.master)
     return spark
+
+
+def _record_resolved(spark: SparkSession, settings: LocalSettings) -> None:
+    """A local driver whose start resolved packages records the jars for the next starts (see artifacts).
+
+    The JVM's system properties hold what spark-submit resolved, whichever of its options or the session's named
+    the packages (the session's configuration shows the latter only)."""
+    jvm = spark.sparkContext._jvm
+    if jvm is None or not (spark.sparkContext.master or "").startswith("local"):
+        return
+    system = jvm.java.lang.System
+    packages = system.getProperty("spark.jars.packages")
+    if packages:
+        with contextlib.suppress(OSError):  # a read-only cache: the next start resolves again
+            artifacts.record_resolved(packages, system.getProperty("spark.jars") or "", settings.state_dir / "ivy")
 
 
 def stop_session(spark: SparkSession, timeout_s: float = 60.0) -> None:
