@@ -119,7 +119,8 @@ class ChaosReport:
 
     events: int = 0
     keys: int = 0
-    kills: int = 0
+    kills: int = 0  # random SIGKILLs of the materializer
+    broker_kills: int = 0  # SIGKILLs of the broker (run_broker_outages)
     crashes: dict[str, int] = field(default_factory=dict)
     restarts: int = 0
     recovery_s: list[float] = field(default_factory=list)
@@ -155,8 +156,10 @@ class ChaosReport:
             else "n/a"
         )
         return [
-            f"events {self.events}, keys {self.keys}, random kills {self.kills}, crash windows "
-            f"{json.dumps(self.crashes, sort_keys=True)}, restarts {self.restarts}, {self.seconds:.0f}s",
+            f"events {self.events}, keys {self.keys}, random kills {self.kills}, "
+            + (f"broker kills {self.broker_kills}, " if self.broker_kills else "")
+            + f"crash windows {json.dumps(self.crashes, sort_keys=True)}, "
+            f"restarts {self.restarts}, {self.seconds:.0f}s",
             f"recovery (restart to first applied batch): {recovery}"
             + (", a second instance refused" if self.second_instance_refused else ""),
             f"Delta versions checked by time travel: {self.versions_checked}, compactions: {self.compactions}",
@@ -482,7 +485,7 @@ def run_broker_outages(
 ) -> ChaosReport:
     """Kill and restart the broker under a running materializer and producer, then start a materializer while
     the broker is down; the oracle must hold. A materializer that dies with the broker is restarted, as a
-    supervisor would. ``report.kills`` counts broker kills; ``report.restarts`` materializer restarts."""
+    supervisor would. ``report.broker_kills`` counts the broker's kills; ``report.restarts`` materializer restarts."""
     rng = random.Random(plan.seed)
     run = _Scenario(plan, workdir, broker.bootstrap_servers, "outage")
     report = run.report
@@ -492,7 +495,7 @@ def run_broker_outages(
         for _ in range(outages):
             time.sleep(rng.uniform(*plan.kill_delay_s))
             broker.kill()
-            report.kills += 1
+            report.broker_kills += 1
             time.sleep(rng.uniform(1.0, 5.0))  # the outage
             broker.start()
             done = current.applied_batches()
@@ -508,7 +511,7 @@ def run_broker_outages(
         current.proc.send_signal(signal.SIGTERM)
         current.wait_exit(120)
         broker.kill()
-        report.kills += 1
+        report.broker_kills += 1
         down = run.launch()
         code = down.wait_exit(plan.launch_timeout_s)
         down.kill()
