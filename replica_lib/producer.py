@@ -20,8 +20,9 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -218,6 +219,42 @@ class Delivery:
         return self._position
 
 
+#: A broker that is down fails each connection attempt, several times a second: each kind of transient error is
+#: logged at most once in this many seconds, with how often it recurred in between.
+ERROR_LOG_INTERVAL_S = 30.0
+
+
+class _ErrorLog:
+    """The producer's transient errors, each kind (Kafka's error code) logged at most once per interval."""
+
+    def __init__(self, interval_s: float = ERROR_LOG_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval_s, self._clock = interval_s, clock
+        self._last: dict[int, tuple[float, int]] = {}  # error code -> (when logged, repeats since)
+
+    def __call__(self, code: int, text: str) -> None:
+        now = self._clock()
+        last = self._last.get(code)
+        if last is not None and now - last[0] < self._interval_s:
+            self._last[code] = (last[0], last[1] + 1)
+            return
+        self._last[code] = (now, 0)
+        repeats = f" (and {last[1]} more like it in the last {now - last[0]:.0f}s)" if last and last[1] else ""
+        logger.warning("Kafka producer: %s%s", text, repeats)
+
+
+class _LibrdkafkaLog:
+    """librdkafka's log, to ``logging``; a failed connection (facility ``FAIL``) is left to the error callback,
+    which reports the same failure through :class:`_ErrorLog`."""
+
+    def __init__(self) -> None:
+        self._logger = logging.getLogger(f"{__name__}.librdkafka")
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        if args and args[0] == "FAIL":
+            return
+        self._logger.log(level, msg, *args)
+
+
 class ChangeProducer:
     """Writes :class:`Change` events for one primary service. Not shareable across processes."""
 
@@ -227,8 +264,9 @@ class ChangeProducer:
         self.settings = settings or ProducerSettings()
         self._connection = dict(connection)
         conf = self.settings.client_config(self._connection)
-        conf["logger"] = logging.getLogger(f"{__name__}.librdkafka")
+        conf["logger"] = _LibrdkafkaLog()
         conf["error_cb"] = self._on_error
+        self._error_log = _ErrorLog()
         try:
             self._producer = Producer(conf)
         except KafkaException as exc:
@@ -282,7 +320,7 @@ class ChangeProducer:
             self._fatal = str(err)
             logger.error("fatal Kafka producer error: %s", err)
         else:
-            logger.warning("Kafka producer: %s", err)
+            self._error_log(err.code(), str(err))
 
     # ------------------------------------------------------------------ writes
     def send(self, topic: str, change: Change, headers: Mapping[str, bytes] | None = None) -> Delivery:
