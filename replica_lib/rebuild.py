@@ -29,8 +29,8 @@ from replica_lib.meter import metered
 from replica_lib.metrics import late_counts
 from replica_lib.progress import Offsets, offsets_json, parse_offsets, path_exists, read_text, write_text
 from replica_lib.recovery import lock_checkpoint
+from replica_lib.session import replica_session
 from replica_lib.source import check_reachable
-from replica_lib.stream import batch_confs
 from replica_lib.target import ensure_replica_tables
 from replica_lib.topics import TopicAdmin
 
@@ -227,10 +227,7 @@ def _offsets_json(offsets: Offsets) -> str:
 
 def rebuild_session(spark: SparkSession) -> SparkSession:
     """A session of its own with the streaming batch's settings (the caller's confs stay as they are)."""
-    session = spark.newSession()
-    for key, value in batch_confs(spark).items():
-        session.conf.set(key, value)
-    return session
+    return replica_session(spark)
 
 
 def apply_range(

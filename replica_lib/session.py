@@ -266,3 +266,26 @@ def stop_session(spark: SparkSession, timeout_s: float = 60.0) -> None:
     proc.wait(timeout=timeout_s)
     SparkContext._gateway = None
     SparkContext._jvm = None
+
+
+def batch_confs(spark: SparkSession) -> dict[str, str]:
+    """Confs of the replica's own session (each batch also sizes its shuffles: see ``batch._size_for``).
+
+    MERGE sources are ``localCheckpoint``s of the batch's winners (deterministic, already materialized), so Delta
+    need not materialize them again. Delta rebuilds a table's state in 50 tasks unless told otherwise; with the
+    batch's adaptive execution off nothing coalesces them, so on a cluster of fewer cores the replica's session
+    uses one task per core (a setting the user gave is kept).
+    """
+    confs = {"spark.databricks.delta.merge.materializeSource": "none"}
+    if spark.conf.get(SNAPSHOT_PARTITIONS, None) is None:
+        confs[SNAPSHOT_PARTITIONS] = str(min(50, max(1, spark.sparkContext.defaultParallelism)))
+    return confs
+
+
+def replica_session(spark: SparkSession) -> SparkSession:
+    """A session beside ``spark`` (same Spark context) for a replica's writes: its SQL confs are its own, so the
+    Delta write confs of an idempotent commit (``replica_lib.merge.idempotent``) reach no other session's commits."""
+    session = spark.newSession()
+    for key, value in batch_confs(spark).items():
+        session.conf.set(key, value)
+    return session

@@ -26,7 +26,7 @@ from replica_lib.recovery import (
     lock_checkpoint,
     starting_offsets,
 )
-from replica_lib.session import SNAPSHOT_PARTITIONS
+from replica_lib.session import replica_session
 from replica_lib.source import check_reachable, read_changes
 from replica_lib.target import ensure_replica_tables
 from replica_lib.topics import TopicAdmin
@@ -62,9 +62,7 @@ def _start(
     # The file was checked when it was loaded; what needs storage comes next, and the broker only then, so that a
     # refused checkpoint creates no table and a bad checkpoint is not reported as an unreachable broker.
     lock_checkpoint(cfg)
-    session = spark.newSession()
-    for key, value in batch_confs(spark).items():
-        session.conf.set(key, value)
+    session = replica_session(spark)
     check_checkpoint(session, cfg)
     check_reachable(cfg)
     schemas = ensure_replica_tables(session, cfg)
@@ -93,20 +91,6 @@ def _start(
         "available-now" if once else f"every {cfg.trigger.interval}",
     )
     return query, handler, metrics
-
-
-def batch_confs(spark: SparkSession) -> dict[str, str]:
-    """Confs of the replica's own session (each batch also sizes its shuffles: see ``batch._size_for``).
-
-    MERGE sources are ``localCheckpoint``s of the batch's winners (deterministic, already materialized), so Delta
-    need not materialize them again. Delta rebuilds a table's state in 50 tasks unless told otherwise; with the
-    batch's adaptive execution off nothing coalesces them, so on a cluster of fewer cores the replica's session
-    uses one task per core (a setting the user gave is kept).
-    """
-    confs = {"spark.databricks.delta.merge.materializeSource": "none"}
-    if spark.conf.get(SNAPSHOT_PARTITIONS, None) is None:
-        confs[SNAPSHOT_PARTITIONS] = str(min(50, max(1, spark.sparkContext.defaultParallelism)))
-    return confs
 
 
 def _check_no_data_loss(spark: SparkSession, cfg: ReplicaConfig) -> None:

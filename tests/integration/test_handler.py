@@ -15,7 +15,8 @@ from replica_lib.batch import BatchHandler, BatchHooks
 from replica_lib.config import ReplicaConfig
 from replica_lib.errors import ConfigError
 from replica_lib.progress import applied_offsets
-from replica_lib.stream import batch_confs, start_replica
+from replica_lib.session import replica_session
+from replica_lib.stream import start_replica
 from replica_lib.target import delta_table, ensure_replica_tables, read_table
 from tests.integration.support import (
     RUN_TIMEOUT_S,
@@ -72,9 +73,7 @@ def test_the_handler_called_on_a_static_frame_applies_it_exactly_once(
     for row in batch_df.select("partition", "offset").collect():
         ends_with_bad[row["partition"]] = max(ends_with_bad.get(row["partition"], 0), row["offset"] + 1)
     _checkpoint_of_one_batch(cfg, topic, ends_with_bad)
-    session = spark.newSession()
-    for key, value in batch_confs(spark).items():
-        session.conf.set(key, value)
+    session = replica_session(spark)
     schemas = ensure_replica_tables(session, cfg)
     stats = []
     handler = BatchHandler(cfg, schemas, BatchHooks(after_batch=stats.append))
