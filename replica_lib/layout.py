@@ -41,6 +41,7 @@ from replica_lib.target import (
     current_schema,
     delta_table,
     is_empty,
+    latest_version,
     read_table,
     size_bytes,
     tombstone_target,
@@ -121,12 +122,15 @@ def read_state(spark: SparkSession, table: TableConfig, changes_version: int | N
     """A table's state: a copy-on-write table's rows, a merge-on-read table's :func:`state_sql`.
 
     ``changes_version``: read a merge-on-read table's change log at that version (the base and the retained
-    deletes as they are now, which is exact: a fold writes those before it retires the changes it applied).
+    deletes as they are now, which is exact: a fold writes those before it retires the changes it applied). By
+    default its latest version, taken before the other two are read, for the same reason: a fold may run beside.
     """
     if not table.merge_on_read:
         return read_table(spark, table.target)
-    if changes_version is None and is_empty(spark, changes_target(table)):
-        return read_table(spark, table.target)  # nothing pending: the table is the state (a fold only adds to it)
+    if changes_version is None:
+        if is_empty(spark, changes_target(table)):
+            return read_table(spark, table.target)  # nothing pending: the table is the state (a fold only adds to it)
+        changes_version = latest_version(spark, changes_target(table))
     changes = changes_target(table).describe()
     if changes_version is not None:
         changes = f"{changes} VERSION AS OF {int(changes_version)}"
@@ -243,13 +247,16 @@ def pending_versions(
     ``keys + _src_partition, _src_offset, _src_seq``: what a Kafka tombstone's seq is inherited from.
 
     The changes of batch ``batch_id`` of ``generation`` itself are left out, so that its re-run decides the same.
+    The change log is read at its version now, before the base and the retained deletes are: a fold beside the
+    batch writes those two before it retires changes, so every change is in one of the three reads.
     """
     keys = list(table.keys)
     columns = version_columns(table.keys)
     own = (F.col("_generation") == generation) & (F.col("_batch_id") == batch_id)
+    log = changes_target(table)
+    frames = [read_table(spark, log, latest_version(spark, log)).where(~own).select(*columns)]
     sources: list[Target] = [table.target, tombstone_target(table)]
-    frames = [read_table(spark, target).select(*columns) for target in sources]
-    frames.append(read_table(spark, changes_target(table)).where(~own).select(*columns))
+    frames += [read_table(spark, target).select(*columns) for target in sources]
     union = frames[0]
     for frame in frames[1:]:
         union = union.unionByName(frame)

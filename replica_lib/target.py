@@ -216,6 +216,12 @@ def size_bytes(spark: SparkSession, target: Target) -> int | None:
     return None if sizes is None else sizes[1]
 
 
+def latest_version(spark: SparkSession, target: Target) -> int | None:
+    """The table's latest version, from its log alone (no Spark job); None if there is no table."""
+    snapshot = _snapshot(spark, target)
+    return None if snapshot is None else int(snapshot.version())
+
+
 def is_empty(spark: SparkSession, target: Target) -> bool:
     """Whether there is no table at ``target`` or it has no data files (a new replica's, one being rebuilt)."""
     return not file_count(spark, target)
