@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -46,6 +47,7 @@ from replica_lib.merge import (
 from replica_lib.monitor import GroupOffsets
 from replica_lib.ordering import current_versions, held, latest_per_key, one_per_key, unapplied
 from replica_lib.progress import Offsets, batch_end_offsets, checkpoint_generation, offsets_json
+from replica_lib.session import FOLD_POOL, replica_session
 from replica_lib.target import (
     Evolution,
     TableSchema,
@@ -71,8 +73,8 @@ MERGE_ATTEMPTS = 5
 
 #: The named points of a batch at which :attr:`BatchHooks.at` is called, in the order a batch passes them.
 HOOK_POINTS = ("before_batch", "after_quarantine", "after_tombstones", "after_commit", "after_compaction")
-#: With a merge-on-read table, a batch that folds it also passes ``replica_lib.layout.FOLD_POINTS``, after
-#: ``after_commit``.
+#: With a merge-on-read table, a fold that a batch starts passes ``replica_lib.layout.FOLD_POINTS`` (with that
+#: batch's id) in the fold's own thread, beside the batches that follow (see :class:`_Folds`).
 
 
 class StopRequested(Exception):
@@ -207,15 +209,22 @@ class BatchHandler:
         self._retained = _Retained()
         self._held = _Held()
         self._beside = futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"replica-{cfg.name}-beside")
+        self._folds = _Folds(cfg.name)
         # Applied offsets for Kafka tooling, committed off the batch's path (not by a rebuild: the group is the
         # live replica's).
         self._group_offsets = GroupOffsets(cfg) if monitored else None
 
     def close(self) -> None:
-        """Release the handler's threads (after its query stopped), once the last applied offsets are committed."""
+        """Release the handler's threads (after its query stopped), once a fold in flight ended and the last
+        applied offsets are committed."""
+        self._folds.close()
         self._beside.shutdown(wait=True)
         if self._group_offsets is not None:
             self._group_offsets.close()
+
+    def wait_for_folds(self) -> None:
+        """Wait for the fold in flight, if any; raise what it raised (other than losing a race to another fold)."""
+        self._folds.finish()
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         if self.stop_requested is not None and self.stop_requested():
@@ -235,10 +244,12 @@ class BatchHandler:
 
         The bulk path of a rebuild: one frame for a whole range of the log, with the streaming batch's decoding,
         quarantine, ordering and idempotent writes (a re-run with the same generation and batch id writes nothing
-        already committed).
+        already committed). Returns once a fold it started has ended.
         """
         self._generation = generation
-        return self._run(batch_df, batch_id, offsets)
+        stats = self._run(batch_df, batch_id, offsets)
+        self._folds.finish()  # the caller reads the tables next
+        return stats
 
     def _run(self, batch_df: DataFrame, batch_id: int, offsets: Offsets) -> BatchStats:
         """Run the batch; again from its records if an executor holding its materialized rows was lost.
@@ -267,6 +278,7 @@ class BatchHandler:
                 )
 
     def _run_once(self, batch_df: DataFrame, batch_id: int, offsets: Offsets) -> BatchStats:
+        self._folds.check()  # a fold that failed fails the next batch, before it writes anything
         batch = self._begin(batch_df, batch_id, offsets)
         self._at("before_batch", batch)
         decoded = self._decode(batch, batch_df)
@@ -370,6 +382,7 @@ class BatchHandler:
             new = summaries[table.name].new_fields
             if not (new.addable or new.widened):
                 continue
+            self._folds.finish()  # a fold writes with the schema it started with
             schema = with_new_fields(self.schemas[table.name], new.addable, new.widened)
             why = f"from the records of batch {batch.batch_id}"
             evolve_table(batch.spark, schema, Evolution(new.addable, new.widened), self.cfg.name, why)
@@ -503,26 +516,21 @@ class BatchHandler:
                 counts = {str(op): int(n) for op, n in winners_df.groupBy("_op").count().collect()}
                 upserts, deletes = int(counts.get("upsert", 0)), int(counts.get("delete", 0))
         commit = Commit(app_id(self.cfg.name, table.name, batch.generation), batch.batch_id, batch.metadata)
-        with batch.stage(f"{table.name}: log"):
+        with batch.stage(f"{table.name}: log"), self._folds.retiring:  # not beside a fold's retirement
             append_changes(changes_target(table), winners_df, schema, commit, batch.generation)
         batch.stats.upserts += upserts
         batch.stats.deletes += deletes
 
     def _fold(self, batch: _Batch) -> None:
-        """Fold the merge-on-read tables whose turn it is (by batch id, as the compaction)."""
-        for table in self.cfg.tables:
-            every = table.fold_every_batches
-            if not table.merge_on_read or not every or (batch.batch_id + 1) % every:
-                continue
-            with batch.stage(f"{table.name}: fold"):
-                try:
-                    folded = fold(batch.spark, self.cfg.name, self.schemas[table.name], lambda p: self._at(p, batch))
-                except ConcurrentCommitError as conflict:  # a fold of the maintenance job won: the next one goes on
-                    logger.warning(
-                        "%s: fold %s lost to a concurrent commit: %s", batch.stage.label, table.name, conflict
-                    )
-                    continue
-            logger.info("%s: %s", batch.stage.label, folded.line(table.name))
+        """Start a fold of the merge-on-read tables whose turn it is (by batch id, as the compaction), beside the
+        batches that follow; a turn that comes while a fold is still running is taken by the first batch after it."""
+        due = [
+            t
+            for t in self.cfg.tables
+            if t.merge_on_read and t.fold_every_batches and not (batch.batch_id + 1) % t.fold_every_batches
+        ]
+        schemas = [self.schemas[t.name] for t in due]
+        self._folds.start(batch.spark, schemas, batch.batch_id, self.hooks.at)
 
     def _write(
         self,
@@ -602,6 +610,7 @@ class BatchHandler:
         every = self.cfg.compaction.every_batches
         if not every or (batch.batch_id + 1) % every:
             return
+        self._folds.finish()  # a fold rewrites files of the same tables: one would lose the race to the other
         with batch.stage("compact"):
             done = []
             for target in replica_targets(self.cfg, metrics=False):
@@ -623,6 +632,108 @@ class BatchHandler:
             return True
         self._filled.add(target.describe())
         return False
+
+
+#: A fold's shuffles run in this many tasks per core (a batch's: at most one per core, see :func:`_size_for`).
+FOLD_TASKS_PER_CORE = 4
+
+
+class _Folds:
+    """The folds of a replica's merge-on-read tables, beside its batches: one at a time, in a thread and a session
+    of their own, in the scheduler pool that runs tasks only on cores the batches leave idle (``FOLD_POOL``).
+
+    A fold reads the change log as it is when it starts, MERGEs into the base and appends retained deletes (which
+    no batch writes): the batches go on appending meanwhile, and readers see the state throughout (see
+    :mod:`replica_lib.layout`). It retires its changes holding :attr:`retiring`, which the batches' appends take
+    too: Delta isolates commits serializably, so a DELETE of the change log fails when a batch appended to it
+    meanwhile. A fold is a few seconds of Spark jobs, as long as several small batches: run inside a batch, it set
+    the replica's freshness. What a fold raises (other than losing a race to another fold) fails the next batch,
+    before it writes.
+    """
+
+    def __init__(self, replica: str) -> None:
+        self.replica = replica
+        self._pool = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"replica-{replica}-fold")
+        self._running: futures.Future[None] | None = None
+        self._owed: dict[str, TableSchema] = {}  # tables whose turn came while a fold ran
+        self._session: SparkSession | None = None
+        #: Held by a fold's retirement and by each append of a batch to a change log.
+        self.retiring = threading.Lock()
+
+    def start(
+        self,
+        spark: SparkSession,
+        due: list[TableSchema],
+        batch_id: int,
+        at: Callable[[str, int], None] | None,
+    ) -> None:
+        """Fold ``due`` (and the tables owed a fold) after batch ``batch_id``, unless a fold is still running."""
+        self._owed.update((schema.table.name, schema) for schema in due)
+        if not self._owed or (self._running is not None and not self._running.done()):
+            return
+        self.check()
+        schemas, self._owed = list(self._owed.values()), {}
+        self._running = self._pool.submit(self._fold, self._session_for(spark), schemas, batch_id, at)
+
+    def _session_for(self, spark: SparkSession) -> SparkSession:
+        if self._session is None:
+            self._session = replica_session(spark)  # its Delta write confs must not reach the batches' commits
+            # Short tasks: a batch's task waits for a core that a task of the fold holds (see FOLD_POOL).
+            cores = max(1, spark.sparkContext.defaultParallelism)
+            self._session.conf.set("spark.sql.shuffle.partitions", str(FOLD_TASKS_PER_CORE * cores))
+            self._session.conf.set("spark.sql.adaptive.enabled", "false")
+        return self._session
+
+    def _fold(
+        self, spark: SparkSession, schemas: list[TableSchema], batch_id: int, at: Callable[[str, int], None] | None
+    ) -> None:
+        for schema in schemas:
+            name = schema.table.name
+            label = f"replica {self.replica} fold of {name} (started after batch {batch_id})"
+            spark.sparkContext.setJobDescription(label)  # this thread's jobs, in the Spark UI and the event log
+            spark.sparkContext.setLocalProperty("spark.scheduler.pool", FOLD_POOL)  # after the batches' tasks
+            started = time.monotonic()
+            hook = None if at is None else functools.partial(_at, at, batch_id)
+            try:
+                folded = fold(spark, self.replica, schema, hook, self.retiring)
+            except ConcurrentCommitError as conflict:  # a fold of the maintenance job won: the next one goes on
+                logger.warning("%s: lost to a concurrent commit: %s", label, conflict)
+                continue
+            except (Py4JJavaError, PySparkException) as exc:
+                if not _lost_materialized_rows(exc):
+                    raise
+                logger.warning("%s: an executor holding its rows was lost; the next fold takes its changes", label)
+                continue
+            finally:
+                spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
+            logger.info("%s: %s, in %.1fs", label, folded.line(name), time.monotonic() - started)
+
+    def check(self) -> None:
+        """Raise what the last fold raised, once it has ended."""
+        running = self._running
+        if running is not None and running.done():
+            self._running = None
+            running.result()
+
+    def finish(self) -> None:
+        """Wait for the fold in flight; raise what it raised."""
+        running = self._running
+        if running is not None and not running.done():
+            logger.info("replica %s: waiting for the fold in flight", self.replica)
+            futures.wait([running])
+        self.check()
+
+    def close(self) -> None:
+        """:meth:`finish`, with a failure logged (the batches are over), then release the thread."""
+        try:
+            self.finish()
+        except Exception:
+            logger.exception("replica %s: the last fold failed (the next fold takes its changes)", self.replica)
+        self._pool.shutdown(wait=True)
+
+
+def _at(at: Callable[[str, int], None], batch_id: int, point: str) -> None:
+    at(point, batch_id)
 
 
 class _Stages:

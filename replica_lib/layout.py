@@ -15,8 +15,10 @@ readers a wrong state.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
@@ -24,6 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from replica_lib.config import TableConfig, Target
+from replica_lib.errors import ConcurrentAppendError
 from replica_lib.merge import (
     Commit,
     KeyRange,
@@ -169,12 +172,17 @@ def fold(
     replica: str,
     schema: TableSchema,
     at: Callable[[str], None] | None = None,
+    retiring: AbstractContextManager[object] | None = None,
 ) -> Folded:
     """Apply a merge-on-read table's pending changes to its base, then retire them from the change log.
 
     The writes are keyed by the change log's version that the fold read (``txnVersion``): a fold that is run
     again after a crash skips what it committed. Safe beside a running replica, which only appends to the
     change log; two folds at once may conflict, and the loser's changes are folded by the next fold.
+
+    ``retiring``: held while the applied changes are retired (a DELETE of the change log, which Delta refuses
+    when a batch appended to the log meanwhile: it isolates every commit serializably, and :func:`retire` tries
+    again then); a replica that folds beside its batches holds its appends back with it.
     """
     table = schema.table
     log = changes_target(table)
@@ -236,8 +244,30 @@ def fold(
         merged = merge_rows(spark, table.target, gated, schema, commit, rows, key_range)
         if at is not None:
             at(FOLD_POINTS[1])
-        retire_changes(spark, log, marks)
+    with retiring or contextlib.nullcontext():
+        retire(spark, table, marks)
     return Folded(applied.version, rows, merged.upserted, merged.deleted)
+
+
+#: How often :func:`retire` tries again when a batch appended to the change log while it ran.
+RETIRE_ATTEMPTS = 5
+
+
+def retire(spark: SparkSession, table: TableConfig, marks: dict[str, int]) -> None:
+    """Delete the changes a fold applied (``Folded.marks``) from the table's change log; repeating it is harmless.
+
+    Delta isolates every commit serializably: a DELETE fails when a batch appended to the table while it ran,
+    though no appended change is one it deletes. It is tried again then, on the new version.
+    """
+    for attempt in range(1, RETIRE_ATTEMPTS + 1):
+        try:
+            with typed_conflicts():
+                retire_changes(spark, changes_target(table), marks)
+            return
+        except ConcurrentAppendError:
+            if attempt == RETIRE_ATTEMPTS:
+                raise
+            logger.info("retiring folded changes of %s: a batch appended meanwhile, again (%d)", table.name, attempt)
 
 
 def pending_versions(

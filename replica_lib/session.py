@@ -35,6 +35,12 @@ logger = logging.getLogger(__name__)
 CODEGEN_CACHE = {"spark.sql.codegen.cache.maxEntries": "2000"}
 
 
+#: Spark's scheduler pools (``resources/fairscheduler.xml``): the batches' and :data:`FOLD_POOL`.
+SCHEDULER_POOLS = artifacts.RESOURCES / "fairscheduler.xml"
+#: The scheduler pool of a fold beside the batches (``spark.scheduler.pool``, a thread's local property).
+FOLD_POOL = "replica-fold"
+
+
 def session_conf(settings: LocalSettings, master: str | None, ui: bool) -> dict[str, str]:
     """Spark configuration for replica jobs; under ``spark-submit.sh`` most of it is already set."""
     local = master is not None and master.startswith("local")
@@ -50,6 +56,9 @@ def session_conf(settings: LocalSettings, master: str | None, ui: bool) -> dict[
         "spark.ui.enabled": "true" if ui else "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.streaming.stopGracefullyOnShutdown": "true",
+        # A fold beside the batches runs in a pool whose tasks start only on cores the batches leave idle.
+        "spark.scheduler.mode": "FAIR",
+        "spark.scheduler.allocation.file": str(SCHEDULER_POOLS),
         # A replica's writes are its own: no surprise schema evolution, no retention-check bypass.
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
         **CODEGEN_CACHE,

@@ -34,6 +34,19 @@ from replica_lib.topics import TopicAdmin
 logger = logging.getLogger(__name__)
 
 
+class ReplicaQuery(StreamingQuery):
+    """The replica's streaming query; :meth:`stop` also waits for a fold of merge-on-read tables still running
+    beside it (see ``replica_lib.batch``), so that what follows a stop finds no write of the replica in flight."""
+
+    def __init__(self, query: StreamingQuery, handler: BatchHandler) -> None:
+        super().__init__(query._jsq)
+        self._handler = handler
+
+    def stop(self) -> None:
+        super().stop()
+        self._handler.close()
+
+
 def start_replica(
     spark: SparkSession,
     cfg: ReplicaConfig,
@@ -44,11 +57,13 @@ def start_replica(
 ) -> StreamingQuery:
     """Check the checkpoint and the log, create missing tables, then start the replica's query.
 
-    The query runs in its own session (so its Delta write confs are its own) and is named after the replica.
+    Stop it with ``stop()``, which returns once a fold still running beside its batches has ended. The query
+    runs in its own session (so its Delta write confs are its own) and is named after the replica.
     ``register=False``: leave the replica's names out of the catalog (a throwaway replica, such as the
     benchmark's, whose tables are gone when it ends).
     """
-    return _start(spark, cfg, available_now, hooks, stop_requested, register)[0]
+    query, handler, _ = _start(spark, cfg, available_now, hooks, stop_requested, register)
+    return ReplicaQuery(query, handler)
 
 
 def _start(
@@ -134,6 +149,7 @@ def run_replica(
                 query.awaitTermination(1)
             query.stop()
         query.awaitTermination()  # re-raises a failure of the query
+        handler.wait_for_folds()  # and what the last fold beside the batches raised
     except StreamingQueryException as exc:
         if handler.refused is not None:  # the handler refused a batch because a stop was requested
             logger.info("replica %s stopped", cfg.name)

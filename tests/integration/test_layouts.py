@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,53 @@ def test_a_seeded_random_run_with_folds_between_batches_equals_the_model(
         assert_state(spark, cfg, log)
     fold(spark, cfg.name, table_schema(cfg.table("orders"), cfg.source_file))
     assert_folded(spark, cfg, log)
+
+
+def test_a_fold_runs_beside_the_batches_that_follow_and_readers_see_the_state_meanwhile(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    """The replica's first fold is held between its writes (retained deletes appended, MERGE not yet run) until
+    the next batch has ended: that batch runs and commits meanwhile, and the state a reader sees after it equals
+    the model of the log up to its end offsets; the fold then completes beside the later batches."""
+    topic = topic_factory(partitions=3)
+    cfg = replica_config(
+        tmp_path,
+        connection["bootstrap.servers"],
+        "mor_beside",
+        {"orders": merge_on_read(topic, fold_every_batches=2)},
+        max_offsets_per_trigger=120,
+    )
+    with ChangeProducer(connection) as producer:
+        log = loadgen.run(producer, topic, loadgen.Workload(keys=40, events=600, seed=7))
+    held: dict[str, Any] = {}  # the batch that started the held fold; whether it was released in time
+    holding, released = threading.Event(), threading.Event()
+    seen: list[tuple[int, int]] = []  # (batch id, changes of the log up to its end) read while the fold was held
+
+    def at(point: str, batch_id: int) -> None:
+        if point == FOLD_POINTS[0] and not holding.is_set():
+            held["fold"] = batch_id
+            holding.set()
+            held["released"] = released.wait(RUN_TIMEOUT_S)  # a fold inside the batch would wait in vain
+
+    def after_batch(stats: BatchStats) -> None:
+        if stats.batch_id < 2 or released.is_set():
+            return
+        assert holding.wait(RUN_TIMEOUT_S), "the fold started after batch 1 never reached its first write"
+        ends = stats.offsets[topic]
+        upto = [c for c in log if c.position.offset < ends.get(c.position.partition, 0)]
+        assert_state(spark, cfg, upto)
+        seen.append((stats.batch_id, len(upto)))
+        released.set()
+
+    query = start_replica(spark, cfg, available_now=True, hooks=BatchHooks(at=at, after_batch=after_batch))
+    try:
+        assert query.awaitTermination(RUN_TIMEOUT_S)
+    finally:
+        query.stop()  # returns once the last fold has ended
+    assert held == {"fold": 1, "released": True} and seen and seen[0][0] == 2, (held, seen)
+    assert 0 < seen[0][1] < len(log)
+    assert_state(spark, cfg, log)
+    assert read_table(spark, cfg.table("orders").target).count() > 0  # the held fold went on and committed
 
 
 def test_a_lost_checkpoint_resumes_from_the_change_log_and_a_rebuild_equals_the_live_replica(
