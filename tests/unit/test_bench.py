@@ -130,7 +130,10 @@ def test_best_is_the_faster_of_ours_and_freshness_is_compared_with_the_ceiling()
 def test_the_summary_shows_both_layouts_and_their_readers() -> None:
     run = {"events_per_s": 500.0, "batch_p50_s": 1.0, "batch_p99_s": 2.0}
     report = {
-        "catch_up": {"ours": run, "ours-mor": {**run, "stages_p50_s": {"orders: log": 0.4}}},
+        "catch_up": {
+            "ours": {**run, "stop_s": 0.01},
+            "ours-mor": {**run, "stages_p50_s": {"orders: log": 0.4}, "stop_s": 4.99},
+        },
         "readers": {
             "ours": {"rows": 10, "aggregate_s": 0.41, "point_s": 0.2},
             "ours-mor": {
@@ -147,6 +150,7 @@ def test_the_summary_shows_both_layouts_and_their_readers() -> None:
     assert "growth, ours-mor, uniform keys,     100,000 rows: batch p50 1.0s, max 1.2s, fold 2.5s" in lines
     assert any(line.startswith("ours-mor ") and "500" in line for line in lines)
     assert "ours-mor, one catch-up batch (p50): orders: log 0.40s" in lines
+    assert "catch-up, the stop after the last batch (a fold in flight): ours-mor 4.99s" in lines
     assert (
         "readers (median of 5): ours aggregate 0.41 s, point 0.20 s; ours-mor pending (7 changes) aggregate 0.90 s, "
         "point 0.50 s, folded aggregate 0.40 s, point 0.21 s; fold 2.30 s"
