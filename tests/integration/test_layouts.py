@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from chispa import assert_df_equality
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 from jobs.rebuild import main as rebuild_main
@@ -21,7 +22,7 @@ from replica_lib.config import MERGE_ON_READ, ReplicaConfig, load_replica
 from replica_lib.layout import FOLD_POINTS, fold, state_sql
 from replica_lib.producer import Change, ChangeProducer
 from replica_lib.rebuild import rebuild_config
-from replica_lib.stream import start_replica
+from replica_lib.stream import run_replica, start_replica
 from replica_lib.target import changes_target, current_schema, read_table, table_schema, tombstone_target
 from tests.integration.support import (
     RUN_TIMEOUT_S,
@@ -227,6 +228,34 @@ def test_a_fold_runs_beside_the_batches_that_follow_and_readers_see_the_state_me
     assert 0 < seen[0][1] < len(log)
     assert_state(spark, cfg, log)
     assert read_table(spark, cfg.table("orders").target).count() > 0  # the held fold went on and committed
+
+
+def test_a_fold_that_fails_beside_the_batches_fails_the_replica_and_a_restart_loses_nothing(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    """What a fold raises is not left in its thread: the replica fails with it (at its next batch, or when its
+    run ends), and the next run folds the changes as if the fold had never started."""
+    topic = topic_factory(partitions=2)
+    cfg = replica_config(
+        tmp_path,
+        connection["bootstrap.servers"],
+        "mor_failing",
+        {"orders": merge_on_read(topic, fold_every_batches=1)},
+        max_offsets_per_trigger=40,
+    )
+    with ChangeProducer(connection) as producer:
+        log = loadgen.run(producer, topic, loadgen.Workload(keys=30, events=150, seed=5))
+
+    def fail_the_first_fold(point: str, batch_id: int) -> None:
+        if point == FOLD_POINTS[0] and batch_id == 0:
+            raise Crash(f"injected fold failure after batch {batch_id}")
+
+    with pytest.raises((StreamingQueryException, Crash), match="injected fold failure after batch 0"):
+        run_replica(spark, cfg, available_now=True, hooks=BatchHooks(at=fail_the_first_fold))
+    run_available_now(spark, cfg)
+    assert_state(spark, cfg, log)
+    fold(spark, cfg.name, table_schema(cfg.table("orders"), cfg.source_file))
+    assert_folded(spark, cfg, log)
 
 
 def test_a_lost_checkpoint_resumes_from_the_change_log_and_a_rebuild_equals_the_live_replica(
