@@ -727,8 +727,8 @@ class _Folds:
         """:meth:`finish`, with a failure logged (the batches are over), then release the thread."""
         try:
             self.finish()
-        except Exception:
-            logger.exception("replica %s: the last fold failed (the next fold takes its changes)", self.replica)
+        except Exception as exc:  # logged as one line, as the query's own failure would be
+            logger.error("replica %s: the last fold failed (the next fold takes its changes): %s", self.replica, exc)
         self._pool.shutdown(wait=True)
 
 
