@@ -13,12 +13,14 @@ catalog entries for whichever process holds it (:mod:`replica_lib.catalog`).
 from __future__ import annotations
 
 import contextlib
+import importlib.resources
 import logging
 import os
 import re
 import sys
 import threading
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -41,6 +43,21 @@ SCHEDULER_POOLS = artifacts.RESOURCES / "fairscheduler.xml"
 FOLD_POOL = "replica-fold"
 
 
+def scheduler_pools(settings: LocalSettings) -> Path:
+    """:data:`SCHEDULER_POOLS` as a file Spark can read: a package shipped zipped (a cluster job's ``--py-files``)
+    holds it inside the zip, so it is written out to the state folder then."""
+    if SCHEDULER_POOLS.is_file():
+        return SCHEDULER_POOLS
+    text = importlib.resources.files("replica_lib").joinpath("resources", "fairscheduler.xml").read_text()
+    target = settings.state_dir / "spark" / "fairscheduler.xml"
+    if not target.is_file() or target.read_text() != text:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{os.getpid()}")
+        partial.write_text(text)
+        partial.replace(target)  # atomic: a driver starting beside reads the whole file
+    return target
+
+
 def session_conf(settings: LocalSettings, master: str | None, ui: bool) -> dict[str, str]:
     """Spark configuration for replica jobs; under ``spark-submit.sh`` most of it is already set."""
     local = master is not None and master.startswith("local")
@@ -58,7 +75,7 @@ def session_conf(settings: LocalSettings, master: str | None, ui: bool) -> dict[
         "spark.sql.streaming.stopGracefullyOnShutdown": "true",
         # A fold beside the batches runs in a pool whose tasks start only on cores the batches leave idle.
         "spark.scheduler.mode": "FAIR",
-        "spark.scheduler.allocation.file": str(SCHEDULER_POOLS),
+        "spark.scheduler.allocation.file": str(scheduler_pools(settings)),
         # A replica's writes are its own: no surprise schema evolution, no retention-check bypass.
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
         **CODEGEN_CACHE,

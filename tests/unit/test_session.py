@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from replica_lib.session import _JVM_NOISE
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import replica_lib
+from replica_lib.config import LocalSettings
+from replica_lib.session import _JVM_NOISE, SCHEDULER_POOLS, scheduler_pools
 
 #: What spark-submit printed at the start of ./replica status, its packages already in the cache (abridged).
 START_UP = """\
@@ -59,3 +66,25 @@ def test_the_start_up_report_is_dropped() -> None:
 def test_downloads_failures_and_other_warnings_pass() -> None:
     dropped = [line for line in KEPT.splitlines(keepends=True) if _JVM_NOISE.match(line)]
     assert dropped == []
+
+
+def test_the_scheduler_pools_are_a_file_spark_can_read_also_from_a_zipped_package(tmp_path: Path) -> None:
+    """A cluster job ships replica_lib zipped (--py-files): the pool file inside the zip is written out."""
+    package = Path(replica_lib.__file__).parent
+    archive = tmp_path / "replica_lib.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        for path in package.rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts:
+                zipped.write(path, str(path.relative_to(package.parent)))
+    script = (
+        "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+        "import replica_lib.session as s; from replica_lib.config import LocalSettings; "
+        "print(s.__file__); print(s.scheduler_pools(LocalSettings(state_dir=Path(sys.argv[2]), java_home=None)))"
+    )
+    command = [sys.executable, "-c", script, str(archive), str(tmp_path / "state")]
+    run = subprocess.run(command, capture_output=True, text=True, check=True)
+    module, pools = run.stdout.split()
+    assert module.startswith(str(archive))
+    assert Path(pools) == tmp_path / "state" / "spark" / "fairscheduler.xml"
+    assert Path(pools).read_text() == SCHEDULER_POOLS.read_text()
+    assert scheduler_pools(LocalSettings(state_dir=tmp_path / "other", java_home=None)) == SCHEDULER_POOLS
