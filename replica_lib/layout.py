@@ -76,6 +76,12 @@ def state_sql(schema: TableSchema, base: str, changes: str, tombstones: str, who
     each of the three tables is read once: each read of a table costs Spark a listing of its files,
     one more at each step of the query's adaptive plan for a table with deletion vectors, which outweighs
     shuffling a small table's rows (see :data:`WHOLE_MAX_BYTES`). Both shapes give the same rows.
+
+    The change log is the first table either shape names (in its first CTE): Spark resolves a query's tables in
+    that order, taking each Delta table's snapshot as it does, and every other reference to the same table in the
+    query shares that snapshot (the analyzer's relation cache). So a query of the catalog's view, which cannot pin
+    the change log's version as :func:`read_state` does, reads it before the base and the retained deletes too:
+    a fold writes those two before it retires the changes it applied, so every change is in one of the reads.
     """
     keys = list(schema.table.keys)
     columns = [f.name for f in schema.replica_schema.fields]
@@ -254,7 +260,8 @@ RETIRE_ATTEMPTS = 5
 
 
 def retire(spark: SparkSession, table: TableConfig, marks: dict[str, int]) -> None:
-    """Delete the changes a fold applied (``Folded.marks``) from the table's change log; repeating it is harmless.
+    """Delete the changes a fold applied from the table's change log: ``marks`` holds, per generation, the last
+    batch whose changes it applied. Repeating it is harmless.
 
     Delta isolates every commit serializably: a DELETE fails when a batch appended to the table while it ran,
     though no appended change is one it deletes. It is tried again then, on the new version.
