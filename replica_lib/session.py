@@ -41,6 +41,8 @@ CODEGEN_CACHE = {"spark.sql.codegen.cache.maxEntries": "2000"}
 SCHEDULER_POOLS = artifacts.RESOURCES / "fairscheduler.xml"
 #: The scheduler pool of a fold beside the batches (``spark.scheduler.pool``, a thread's local property).
 FOLD_POOL = "replica-fold"
+#: The settings that choose how Spark shares its cores between jobs: ours unless the launch gives any of them.
+SCHEDULER_SETTINGS = ("spark.scheduler.mode", "spark.scheduler.allocation.file")
 
 
 def scheduler_pools(settings: LocalSettings) -> Path:
@@ -121,23 +123,50 @@ def catalog_conf(settings: LocalSettings) -> dict[str, str]:
     }
 
 
-def _catalog_given(launch: Mapping[str, str]) -> bool:
-    """Whether spark-submit (``--conf``, spark-defaults.conf) already chose a catalog for this driver.
+def _launch_settings(launch: Mapping[str, str]) -> dict[str, str] | None:
+    """The settings this driver was launched with (spark-submit's ``--conf``, spark-defaults.conf); None when
+    joining a running session, whose settings are made.
 
     Asking needs the JVM, so it is started here with the session's other settings (``launch``): its packages are
     resolved at its start, as they would be by ``getOrCreate``.
     """
     from pyspark import SparkConf, SparkContext
 
-    if SparkContext._active_spark_context is not None:  # joining a running session: its catalog is set
-        return True
+    if SparkContext._active_spark_context is not None:
+        return None
     settings = SparkConf(loadDefaults=False)
     for key, value in launch.items():
         settings.set(key, value)
     SparkContext._ensure_initialized(conf=settings)  # the JVM, with spark-submit's settings as system properties
-    conf = SparkConf()
-    given = any(conf.contains(key) for key in CATALOG_SETTINGS)
-    return given or conf.get("spark.sql.catalog.spark_catalog", _DELTA_CATALOG) != _DELTA_CATALOG
+    return dict(SparkConf().getAll())
+
+
+def _catalog_given(given: Mapping[str, str] | None) -> bool:
+    """Whether the launch settings (:func:`_launch_settings`) already chose a catalog for this driver."""
+    if given is None:  # joining a running session: its catalog is set
+        return True
+    return (
+        any(key in given for key in CATALOG_SETTINGS)
+        or given.get("spark.sql.catalog.spark_catalog", _DELTA_CATALOG) != _DELTA_CATALOG
+    )
+
+
+def launch_scheduler(conf: Mapping[str, str], given: Mapping[str, str] | None) -> dict[str, str]:
+    """``conf`` without its scheduler settings where the launch set any of :data:`SCHEDULER_SETTINGS` otherwise: a
+    user's own ``--conf spark.scheduler.mode`` or pool file is kept as given (a fold then shares the cores by it).
+
+    ``given`` holds ``conf``'s own values too when this process launched the JVM with them.
+    """
+    theirs = {
+        key: given[key]
+        for key in SCHEDULER_SETTINGS
+        if given is not None and given.get(key, conf.get(key)) != conf.get(key)
+    }
+    if not theirs:
+        return dict(conf)
+    own = ", ".join(f"{key}={value}" for key, value in theirs.items())
+    logger.info("Spark's scheduler settings are the launch's own (%s): a fold shares the cores by them", own)
+    return {key: value for key, value in conf.items() if key not in SCHEDULER_SETTINGS}
 
 
 def persistent_catalog(spark: SparkSession) -> bool:
@@ -234,8 +263,10 @@ def build_session(
     conf = {**session_conf(settings, master, ui), **dict(extra or {})}
     launch = {**conf, "spark.app.name": app_name, **({"spark.master": master} if master else {})}
     with _quiet_jvm():
-        if catalog and not _catalog_given(launch):
-            conf = {**conf, **catalog_conf(settings), **dict(extra or {})}
+        given = _launch_settings(launch)
+    conf = launch_scheduler(conf, given)
+    if catalog and not _catalog_given(given):
+        conf = {**conf, **catalog_conf(settings), **dict(extra or {})}
     for key, value in conf.items():
         builder = builder.config(key, value)
     try:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import replica_lib
 from replica_lib.config import LocalSettings
-from replica_lib.session import _JVM_NOISE, SCHEDULER_POOLS, scheduler_pools
+from replica_lib.session import _JVM_NOISE, SCHEDULER_POOLS, launch_scheduler, scheduler_pools
 
 #: What spark-submit printed at the start of ./replica status, its packages already in the cache (abridged).
 START_UP = """\
@@ -88,3 +88,12 @@ def test_the_scheduler_pools_are_a_file_spark_can_read_also_from_a_zipped_packag
     assert Path(pools) == tmp_path / "state" / "spark" / "fairscheduler.xml"
     assert Path(pools).read_text() == SCHEDULER_POOLS.read_text()
     assert scheduler_pools(LocalSettings(state_dir=tmp_path / "other", java_home=None)) == SCHEDULER_POOLS
+
+
+def test_the_scheduler_settings_a_launch_gives_are_kept_as_given() -> None:
+    ours = {"spark.scheduler.mode": "FAIR", "spark.scheduler.allocation.file": "/ours.xml", "spark.ui.enabled": "false"}
+    assert launch_scheduler(ours, {"spark.master": "local[2]"}) == ours
+    assert launch_scheduler(ours, None) == ours  # joining a running session: what it was given is set already
+    assert launch_scheduler(ours, ours) == ours  # the JVM launched here, with these
+    for given in ({"spark.scheduler.mode": "FIFO"}, {"spark.scheduler.allocation.file": "/theirs.xml"}):
+        assert launch_scheduler(ours, given) == {"spark.ui.enabled": "false"}  # neither of ours: theirs stand
