@@ -44,6 +44,28 @@ def merge_on_read(topic: str, fold_every_batches: int = 0) -> dict[str, Any]:
     return orders_table(topic, layout=MERGE_ON_READ, fold_every_batches=fold_every_batches)
 
 
+def folding_replica(
+    tmp_path: Path,
+    connection: dict[str, str],
+    topic: str,
+    name: str,
+    fold_every_batches: int,
+    batch_size: int,
+    workload: loadgen.Workload,
+) -> tuple[ReplicaConfig, list[LoggedChange]]:
+    """A merge-on-read replica of ``topic`` folding on that cadence, in batches of ``batch_size`` records, and the
+    log of ``workload`` written to the topic."""
+    cfg = replica_config(
+        tmp_path,
+        connection["bootstrap.servers"],
+        name,
+        {"orders": merge_on_read(topic, fold_every_batches=fold_every_batches)},
+        max_offsets_per_trigger=batch_size,
+    )
+    with ChangeProducer(connection) as producer:
+        return cfg, loadgen.run(producer, topic, workload)
+
+
 def assert_state(spark: SparkSession, cfg: ReplicaConfig, log: list[LoggedChange]) -> None:
     """The state a reader sees equals the model, in both shapes of its query (a small base is ranked whole)."""
     table = cfg.table("orders")
@@ -190,15 +212,7 @@ def test_a_fold_runs_beside_the_batches_that_follow_and_readers_see_the_state_me
     the next batch has ended: that batch runs and commits meanwhile, and the state a reader sees after it equals
     the model of the log up to its end offsets; the fold then completes beside the later batches."""
     topic = topic_factory(partitions=3)
-    cfg = replica_config(
-        tmp_path,
-        connection["bootstrap.servers"],
-        "mor_beside",
-        {"orders": merge_on_read(topic, fold_every_batches=2)},
-        max_offsets_per_trigger=120,
-    )
-    with ChangeProducer(connection) as producer:
-        log = loadgen.run(producer, topic, loadgen.Workload(keys=40, events=600, seed=7))
+    cfg, log = folding_replica(tmp_path, connection, topic, "mor_beside", 2, 120, loadgen.Workload(40, 600, seed=7))
     held: dict[str, Any] = {}  # the batch that started the held fold; whether it was released in time
     holding, released = threading.Event(), threading.Event()
     seen: list[tuple[int, int]] = []  # (batch id, changes of the log up to its end) read while the fold was held
@@ -236,15 +250,7 @@ def test_a_fold_that_fails_beside_the_batches_fails_the_replica_and_a_restart_lo
     """What a fold raises is not left in its thread: the replica fails with it (at its next batch, or when its
     run ends), and the next run folds the changes as if the fold had never started."""
     topic = topic_factory(partitions=2)
-    cfg = replica_config(
-        tmp_path,
-        connection["bootstrap.servers"],
-        "mor_failing",
-        {"orders": merge_on_read(topic, fold_every_batches=1)},
-        max_offsets_per_trigger=40,
-    )
-    with ChangeProducer(connection) as producer:
-        log = loadgen.run(producer, topic, loadgen.Workload(keys=30, events=150, seed=5))
+    cfg, log = folding_replica(tmp_path, connection, topic, "mor_failing", 1, 40, loadgen.Workload(30, 150, seed=5))
 
     def fail_the_first_fold(point: str, batch_id: int) -> None:
         if point == FOLD_POINTS[0] and batch_id == 0:
