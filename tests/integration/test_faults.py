@@ -24,11 +24,12 @@ def test_random_kills_and_every_crash_window_leave_every_version_of_both_layouts
     # crashed once, then a random kill, then a second instance started by mistake beside the last run. Every MERGE
     # writes deletion vectors, so the files pile up and the replica's compaction runs between kills; the MERGEs
     # that rewrite their files (the choice for a table this small) are crashed in-process by test_layouts.py.
-    # The primary writes 5 changes a second (the soak's 10): the last run drains what the others left, in batches.
+    # The primary writes 2 changes a second (the soak's 20): enough for every launch to find records, few enough
+    # that the last run drains what the others left in a few batches and the oracle has few versions to travel to.
     plan = ChaosPlan(
         keys=150,
         kills=1,
-        rate=5.0,
+        rate=2.0,
         seed=4,
         deletion_vectors=True,
         layouts=(COPY_ON_WRITE, MERGE_ON_READ),
@@ -47,10 +48,11 @@ def test_random_kills_and_every_crash_window_leave_every_version_of_both_layouts
 def test_broker_killed_under_a_running_replica_and_down_at_start_loses_and_doubles_nothing(
     spark: SparkSession, settings: LocalSettings, tmp_path: Path
 ) -> None:
-    # The suite's short variant: one outage under the running replica (./replica chaos --broker-outages N soaks).
+    # The suite's short variant: one outage under the running replica (./replica chaos --broker-outages N soaks),
+    # the primary writing 2 changes a second (the soak's 20).
     with EmbeddedKafka(tmp_path / "broker", settings.state_dir, settings.java_home) as broker:
         report = run_broker_outages(
-            spark, ChaosPlan(keys=100, seed=9, deletion_vectors=True), tmp_path / "run", broker, outages=1
+            spark, ChaosPlan(keys=100, rate=2.0, seed=9, deletion_vectors=True), tmp_path / "run", broker, outages=1
         )
     print("\n".join(report.lines()))
     assert (report.broker_kills, report.kills) == (2, 0)  # one outage under a running replica, one before a start
