@@ -18,11 +18,11 @@ pytestmark = pytest.mark.integration
 def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = {
-        "--events": 600,
+        "--events": 400,
         "--keys": 150,
-        "--batch-size": 200,
+        "--batch-size": 150,
         "--fresh-rate": 50,
-        "--fresh-seconds": 3,
+        "--fresh-seconds": 2,
         "--fresh-rows": 500,
         "--growth-rows": 1000,
         "--growth-keys": "uniform",  # recent keys take the same path
@@ -57,14 +57,14 @@ def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, st
     catch_up = report["catch_up"]
     assert set(catch_up) == {"ceiling", "naive", "peer", "ours", "ours-mor", "ceiling_bulk", "rebuild"}
     for name, run in catch_up.items():
-        assert run["records"] == 600, name
+        assert run["records"] == 400, name
         assert run["events_per_s"] > 0 and run["batch_p50_s"] > 0, name
         if name.startswith("ceiling"):
             assert run["check"] is None
         else:  # every maintained table equals the workload folded per key
             assert run["check"]["missing"] == run["check"]["extra"] == run["check"]["different"] == 0, name
             assert run["check"]["rows"] > 0
-    assert catch_up["ours"]["batches"] >= 3 and catch_up["rebuild"]["batches"] == 1  # batches of 200 at most
+    assert catch_up["ours"]["batches"] >= 3 and catch_up["rebuild"]["batches"] == 1  # batches of 150 at most
     assert catch_up["ours-mor"]["batches"] >= 3
 
     readers = report["readers"]
@@ -76,7 +76,7 @@ def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, st
     assert "readers (median of 1): ours aggregate" in proc.stdout
 
     for name, fresh in report["freshness"].items():
-        assert fresh["events"] == 150, name
+        assert fresh["events"] == 100, name
         assert 0 < fresh["fresh_p50_s"] <= fresh["fresh_p99_s"] <= fresh["fresh_max_s"], name
     assert set(report["growth"]) == set(report["growth_mor"]) == {"uniform"}
     assert report["growth"]["uniform"]["1000"]["batches"] and report["growth"]["uniform"]["1000"]["batch_p50_s"] > 0
