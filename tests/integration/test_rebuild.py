@@ -89,7 +89,7 @@ def test_a_rebuild_beside_the_live_replica_equals_it_and_verify_finds_a_planted_
     topic = topic_factory(partitions=3)
     conf, live = _live(tmp_path, connection["bootstrap.servers"], topic)
     with ChangeProducer(connection) as producer:
-        log = loadgen.run(producer, topic, loadgen.Workload(keys=60, events=600, seed=11))
+        log = loadgen.run(producer, topic, loadgen.Workload(keys=60, events=300, seed=11))
     # Late changes (a lower seq after a higher one), Kafka tombstones and deletes of keys never written.
     log += produce(
         connection,
@@ -99,7 +99,7 @@ def test_a_rebuild_beside_the_live_replica_equals_it_and_verify_finds_a_planted_
         + [delete(k, 10**6) for k in range(900, 903)],
     )
     garbage = produce_garbage(connection, topic, partition=0)
-    run_replica(spark, live, available_now=True)
+    run_replica(spark, live, available_now=True)  # two batches of 200 offsets: the rebuild's one must equal them
     assert_matches_model(spark, live, log)
 
     # A rebuild killed at a random moment of its work (SIGKILL, driver and JVM), then run again, finishes the same.
@@ -139,7 +139,7 @@ def test_a_point_in_time_rebuild_survives_a_crash_and_a_replica_goes_on_from_it(
     topic = topic_factory(partitions=2)
     _, live = _live(tmp_path, connection["bootstrap.servers"], topic)
     with ChangeProducer(connection) as producer:
-        log = loadgen.run(producer, topic, loadgen.Workload(keys=40, events=400, seed=5))
+        log = loadgen.run(producer, topic, loadgen.Workload(keys=40, events=200, seed=5))
     log += produce(connection, topic, [tombstone(k) for k in range(1, 6)])
     cut = {p: max(e.position.offset for e in log if e.position.partition == p) // 2 for p in (0, 1)}
     before = [e for e in log if e.position.offset < cut[e.position.partition]]
@@ -188,94 +188,122 @@ def test_preflight_refuses_a_log_whose_first_records_are_gone(
     assert not (into / "_rebuild" / "_rebuild.json").exists()
 
 
-@pytest.mark.parametrize("layout", ["copy-on-write", "merge-on-read"])
+#: The swap test's tables: one of each layout, in one replica, each fed by a topic of its own.
+LAYOUTS = {"orders": "copy-on-write", "orders_mor": "merge-on-read"}
+
+
 def test_a_swap_replaces_a_wrong_live_replica_in_one_commit_and_the_replica_goes_on_exactly_once(
     spark: SparkSession,
     connection: dict[str, str],
     topic_factory: Any,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
-    layout: str,
 ) -> None:
-    topic = topic_factory(partitions=3)
+    # Both layouts in one replica (a swap replaces a replica's tables one after another, each in its own commit),
+    # so that the runs, the rebuild and the swap's own work are done once for both.
+    topics = {table: topic_factory(partitions=3) for table in LAYOUTS}
     path = tmp_path / "live.toml"
     doc = replica_doc(
         "live",
         tmp_path / "live",
         connection["bootstrap.servers"],
-        {"orders": orders_table(topic, layout=layout)},
-        source={"starting_offsets": "earliest", "max_offsets_per_trigger": 200},
+        {table: orders_table(topics[table], layout=layout) for table, layout in LAYOUTS.items()},
+        source={"starting_offsets": "earliest", "max_offsets_per_trigger": 300},
         trigger={"available_now": True},
     )
     write_replica(path, doc)
     live = load_replica(path)
-    with ChangeProducer(connection) as producer:
-        log = loadgen.run(producer, topic, loadgen.Workload(keys=60, events=500, seed=23))
-    log += produce(connection, topic, [upsert(k, 1, "late") for k in range(1, 6)] + [tombstone(k) for k in (6, 7)])
+    log: dict[str, list[LoggedChange]] = {}
+    # Two batches of the live replica (300 offsets each) before the rebuild.
+    for table, topic in topics.items():
+        with ChangeProducer(connection) as producer:
+            log[table] = loadgen.run(producer, topic, loadgen.Workload(keys=60, events=200, seed=23), table)
+        late = [upsert(k, 1, "late") for k in range(1, 6)] + [tombstone(k) for k in (6, 7)]
+        log[table] += produce(connection, topic, late, table)
     run_replica(spark, live, available_now=True)
     into = tmp_path / "rebuilt"
     rebuild(spark, live, str(into))
 
-    # The live replica reads on past the rebuild's end, then its table goes wrong (a bad release, a stray UPDATE).
-    log += produce(connection, topic, [upsert(k, 10**6, "after") for k in range(50, 70)] + [tombstone(8)])
-    garbage = produce_garbage(connection, topic, partition=1)
+    # The live replica reads on past the rebuild's end, then its tables go wrong (a bad release, a stray UPDATE).
+    garbage: dict[str, int] = {}
+    for table, topic in topics.items():
+        log[table] += produce(
+            connection, topic, [upsert(k, 10**6, "after") for k in range(50, 70)] + [tombstone(8)], table
+        )
+        garbage[table] = produce_garbage(connection, topic, partition=1)
     run_replica(spark, live, available_now=True)
-    target = live.table("orders").target
-    if layout == "merge-on-read":  # fold the pending changes, so that the base's wrong rows show
-        fold(spark, live.name, table_schema(live.table("orders"), ""))
-    spark.sql(f"UPDATE delta.`{target.path}` SET status = 'planted'")
-    old = _state(spark, live)
-    assert old != _model_state(spark, live, log)
-    before = _version(spark, target)
+    # Fold the merge-on-read table's pending changes, so that the base's wrong rows show.
+    fold(spark, live.name, table_schema(live.table("orders_mor"), ""))
+    old: dict[str, set[tuple[Any, ...]]] = {}
+    new: dict[str, set[tuple[Any, ...]]] = {}  # the model, once: nothing is written to the log until the swap ends
+    before: dict[str, int] = {}
+    for table in LAYOUTS:
+        target = live.table(table).target
+        spark.sql(f"UPDATE delta.`{target.path}` SET status = 'planted'")
+        old[table], new[table] = _state(spark, live, table), _model_state(spark, live, table, log[table])
+        assert old[table] != new[table]
+        before[table] = _version(spark, target)
 
-    # Killed between its commits, then run again; at every step a reader sees the old state or the new one.
+    # Killed between the two commits of each table's swap (the first table's in the first run, the second's in the
+    # next), then run again; at every step a reader sees the old state or the new one of each table.
     class Crash(Exception):
         pass
 
     seen: list[str] = []
 
     def look(point: str) -> None:
-        assert _state(spark, live) in (old, _model_state(spark, live, log)), f"a reader saw neither state at {point}"
+        for table in LAYOUTS:
+            state = _state(spark, live, table)
+            assert state in (old[table], new[table]), f"a reader saw neither state of {table} at {point}"
         seen.append(point)
-        if point == "after_tombstones" and seen.count(point) == 1:
+        if point == "after_tombstones" and seen.count(point) in (1, 3):
             raise Crash(point)
 
-    with pytest.raises(Crash):
-        swap(spark, live, str(into), at=look)
+    for _ in range(2):
+        with pytest.raises(Crash):
+            swap(spark, live, str(into), at=look)
     swapped = swap(spark, live, str(into), at=look)
-    assert seen.count("after_plan") == 2 and seen.count("after_table") == 1
-    assert swapped.caught_up == 22 and not swapped.already
-    assert swapped.plan.ends == {topic: {**end_offsets(log), 1: garbage + 1}}
-    assert_matches_model(spark, live, log)
-    if layout == "copy-on-write":  # every version a reader by path could read is one state or the other
-        new = _model_state(spark, live, log)
-        versions = range(before, _version(spark, target) + 1)
-        assert [_state(spark, live, v) in (old, new) for v in versions] == [True] * len(versions)
-        assert _state(spark, live, before) == old  # time travel keeps the old rows
+    assert seen.count("after_plan") == 3 and seen.count("after_table") == 3
+    assert swapped.caught_up == 2 * 22 and not swapped.already
+    assert swapped.plan.ends == {topics[t]: {**end_offsets(log[t]), 1: garbage[t] + 1} for t in LAYOUTS}
+    for table in LAYOUTS:
+        assert_matches_model(spark, live, log[table], table)
+    # Every version of the copy-on-write table a reader by path could read is one state or the other.
+    target = live.table("orders").target
+    versions = range(before["orders"], _version(spark, target) + 1)
+    assert [_state(spark, live, "orders", v) in (old["orders"], new["orders"]) for v in versions] == [True] * len(
+        versions
+    )
+    assert _state(spark, live, "orders", before["orders"]) == old["orders"]  # time travel keeps the old rows
     assert Path(swapped.checkpoint_aside).is_dir() and not Path(live.checkpoint).exists()
-    (bad,) = read_table(spark, live.quarantine).where(f"offset = {garbage}").select("partition").collect()
-    assert bad["partition"] == 1  # quarantined once, by the live replica before the swap
+    quarantined = read_table(spark, live.quarantine).select("topic", "partition", "offset").collect()
+    for table, topic in topics.items():
+        (bad,) = [r for r in quarantined if (r["topic"], r["offset"]) == (topic, garbage[table])]
+        assert bad["partition"] == 1  # quarantined once, by the live replica before the swap
 
     # Started again, the replica goes on from the swap's offsets under a new checkpoint, each record once.
-    log += produce(connection, topic, [upsert(k, 2 * 10**6, "later") for k in range(60, 80)] + [delete(51, 3 * 10**6)])
+    for table, topic in topics.items():
+        later = [upsert(k, 2 * 10**6, "later") for k in range(60, 80)] + [delete(51, 3 * 10**6)]
+        log[table] += produce(connection, topic, later, table)
     with caplog.at_level(logging.WARNING, logger="replica_lib.recovery"):
         run_replica(spark, live, available_now=True)
-    ends = json.dumps({topic: {str(p): o for p, o in sorted(swapped.plan.ends[topic].items())}})
+    ends = json.dumps({t: {str(p): o for p, o in sorted(swapped.plan.ends[t].items())} for t in live.topics})
     assert any(f"applied the log up to {ends}" in r.getMessage() for r in caplog.records)
-    assert_matches_model(spark, live, log)
+    for table in LAYOUTS:
+        assert_matches_model(spark, live, log[table], table)
     assert swap(spark, live, str(into)).already
 
 
-def _state(spark: SparkSession, cfg: ReplicaConfig, version: int | None = None) -> set[tuple[Any, ...]]:
+def _state(spark: SparkSession, cfg: ReplicaConfig, table: str, version: int | None = None) -> set[tuple[Any, ...]]:
     if version is None:
-        frame = replica_df(spark, cfg, "orders")
+        frame = replica_df(spark, cfg, table)
     else:
-        frame = spark.read.format("delta").option("versionAsOf", version).load(str(cfg.table("orders").target.path))
+        frame = spark.read.format("delta").option("versionAsOf", version).load(str(cfg.table(table).target.path))
     return {(r["order_id"], r["status"], r["amount"]) for r in frame.collect()}
 
 
-def _model_state(spark: SparkSession, cfg: ReplicaConfig, log: list[Any]) -> set[tuple[Any, ...]]:
-    return {(r["order_id"], r["status"], r["amount"]) for r in expected_df(spark, cfg, "orders", log).collect()}
+def _model_state(spark: SparkSession, cfg: ReplicaConfig, table: str, log: list[Any]) -> set[tuple[Any, ...]]:
+    return {(r["order_id"], r["status"], r["amount"]) for r in expected_df(spark, cfg, table, log).collect()}
 
 
 def test_late_changes_are_counted_refused_by_the_producer_and_a_rebuild_from_the_compacted_log_is_caught(
@@ -352,15 +380,15 @@ def test_a_compacted_transactional_topic_rebuilds_to_the_live_replica(
     TopicAdmin(connection).ensure(TopicSpec.local(topic, partitions=1, extra=extra), local=True)
     conf, live = _live(tmp_path, connection["bootstrap.servers"], topic)
 
-    changes = loadgen.generate(loadgen.Workload(keys=30, events=240, seed=23))
-    log = produce(connection, topic, changes[:120], transactional_id=f"tx-{topic}")
+    changes = loadgen.generate(loadgen.Workload(keys=30, events=120, seed=23))
+    log = produce(connection, topic, changes[:60], transactional_id=f"tx-{topic}")
     aborting = ChangeProducer(connection, ProducerSettings(transactional_id=f"tx-abort-{topic}"))
     with pytest.raises(RuntimeError, match="the primary rolled back"), aborting, aborting.transaction():
         for k in range(1, 6):
             aborting.send(topic, upsert(k, 10**6, "aborted"))
         aborting.flush()
         raise RuntimeError("the primary rolled back")
-    log += produce(connection, topic, changes[120:], transactional_id=f"tx-{topic}")
+    log += produce(connection, topic, changes[60:], transactional_id=f"tx-{topic}")
     log += produce(connection, topic, [tombstone(k) for k in range(6, 9)] + [delete(k, 10**6) for k in (9, 10)])
     run_replica(spark, live, available_now=True)
     assert_matches_model(spark, live, log)

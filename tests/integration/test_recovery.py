@@ -145,7 +145,6 @@ def test_a_deleted_table_with_its_checkpoint_is_refused_and_the_fix_rebuilds_it(
     topic = topic_factory(partitions=2)
     cfg = replica_config(tmp_path, connection["bootstrap.servers"], "deleted", {"orders": orders_table(topic)})
     log = produce(connection, topic, [upsert(k, 1, "a") for k in range(20)] + [delete(3, 2)])
-    run_available_now(spark, cfg)
     log += produce(connection, topic, [upsert(k, 2, "b") for k in range(10)])
     run_available_now(spark, cfg)
     table_path = Path(str(cfg.table("orders").target.path))

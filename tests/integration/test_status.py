@@ -151,13 +151,9 @@ def test_lag_before_and_after_a_run_and_in_the_replicas_consumer_group(
     assert recorded is not None and recorded.offsets == {topic: ends}
     assert table.version == recorded.version
 
-    # The replica's consumer group holds exactly the offsets its Delta commit recorded, and Kafka's tool says so.
+    # The replica's consumer group holds exactly the offsets its Delta commit recorded.
     group = group_id(cfg.name)
     assert _group_offsets(connection, group, topic, 3) == ends
-    java = maven.find_java(settings.java_home).executable
-    assert _describe_group(tools_classpath, java, bootstrap, group, topic) == {
-        p: (ends[p], ends[p], 0) for p in range(3)
-    }
 
     # More changes after the run: the lag is exactly what was produced, per partition and in total.
     second = produce(connection, topic, [upsert(k, 3, "s3") for k in range(0, 40, 3)])
@@ -166,8 +162,12 @@ def test_lag_before_and_after_a_run_and_in_the_replicas_consumer_group(
     assert _lags(behind) == second_counts
     assert behind.lag_records == len(second) == 14
     assert behind.tables[0].unhealthy == ("14 records behind, over 0",)
-    tool = _describe_group(tools_classpath, java, bootstrap, group, topic)
-    assert {p: lag for p, (_current, _end, lag) in tool.items()} == second_counts
+    # Kafka's tool (one JVM launch, here where the lag is not 0) shows the group at the recorded offsets, the log's
+    # new end and the same lag.
+    java = maven.find_java(settings.java_home).executable
+    assert _describe_group(tools_classpath, java, bootstrap, group, topic) == {
+        p: (ends[p], ends[p] + second_counts[p], second_counts[p]) for p in range(3)
+    }
 
     # As SQL rows: one per partition.
     rows = {
