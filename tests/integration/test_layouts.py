@@ -167,20 +167,21 @@ def test_the_state_equals_the_model_before_and_after_a_fold_and_a_fold_killed_an
 def test_a_seeded_random_run_with_folds_between_batches_equals_the_model(
     spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
 ) -> None:
-    """2,000 events over 200 keys (late seqs, duplicates, deletes, tombstones), folded every 3rd batch."""
+    """600 events over 60 keys (late seqs, duplicates, deletes, tombstones), written and applied in two parts of a
+    few batches each, folded every 2nd batch."""
     rng = random.Random(20261125)
     topic = topic_factory(partitions=4)
     cfg = replica_config(
         tmp_path,
         connection["bootstrap.servers"],
         "mor_random",
-        {"orders": merge_on_read(topic, fold_every_batches=3)},
-        max_offsets_per_trigger=rng.randint(400, 800),
+        {"orders": merge_on_read(topic, fold_every_batches=2)},
+        max_offsets_per_trigger=rng.randint(150, 200),
     )
-    keys = 200
+    keys = 60
     next_seq = dict.fromkeys(range(keys), 0)
     changes: list[Change] = []
-    for _ in range(2_000):
+    for _ in range(600):
         key = rng.randrange(keys)
         next_seq[key] += 1
         seq = max(1, next_seq[key] - rng.choice((0, 0, 0, 1, 2)))
@@ -196,7 +197,7 @@ def test_a_seeded_random_run_with_folds_between_batches_equals_the_model(
     log: list[LoggedChange] = []
     position = 0
     while position < len(changes):
-        size = rng.randint(400, 1_500)
+        size = rng.randint(300, 450)
         log += produce(connection, topic, changes[position : position + size])
         position += size
         run_available_now(spark, cfg)
@@ -212,7 +213,8 @@ def test_a_fold_runs_beside_the_batches_that_follow_and_readers_see_the_state_me
     the next batch has ended: that batch runs and commits meanwhile, and the state a reader sees after it equals
     the model of the log up to its end offsets; the fold then completes beside the later batches."""
     topic = topic_factory(partitions=3)
-    cfg, log = folding_replica(tmp_path, connection, topic, "mor_beside", 2, 120, loadgen.Workload(40, 600, seed=7))
+    # Four batches of 120: the fold after batch 1 is held through batch 2; batch 3 follows.
+    cfg, log = folding_replica(tmp_path, connection, topic, "mor_beside", 2, 120, loadgen.Workload(40, 450, seed=7))
     held: dict[str, Any] = {}  # the batch that started the held fold; whether it was released in time
     holding, released = threading.Event(), threading.Event()
     seen: list[tuple[int, int]] = []  # (batch id, changes of the log up to its end) read while the fold was held
@@ -250,7 +252,8 @@ def test_a_fold_that_fails_beside_the_batches_fails_the_replica_and_a_restart_lo
     """What a fold raises is not left in its thread: the replica fails with it (at its next batch, or when its
     run ends), and the next run folds the changes as if the fold had never started."""
     topic = topic_factory(partitions=2)
-    cfg, log = folding_replica(tmp_path, connection, topic, "mor_failing", 1, 40, loadgen.Workload(30, 150, seed=5))
+    # Two batches of 80: the fold after batch 0 fails, and the replica with it.
+    cfg, log = folding_replica(tmp_path, connection, topic, "mor_failing", 1, 80, loadgen.Workload(30, 150, seed=5))
 
     def fail_the_first_fold(point: str, batch_id: int) -> None:
         if point == FOLD_POINTS[0] and batch_id == 0:
@@ -279,7 +282,8 @@ def test_a_lost_checkpoint_resumes_from_the_change_log_and_a_rebuild_equals_the_
     write_replica(conf, {**doc, "trigger": {"available_now": True}})
     live = load_replica(conf)
     with ChangeProducer(connection) as producer:
-        log = loadgen.run(producer, topic, loadgen.Workload(keys=60, events=500, seed=12))
+        # Three batches of 150, folded after batch 1: what batch 2 appends after that fold began stays pending.
+        log = loadgen.run(producer, topic, loadgen.Workload(keys=60, events=330, seed=12))
     run_available_now(spark, live)
     assert_state(spark, live, log)
 
