@@ -2,8 +2,10 @@
 
 A producer writes a seeded keyed workload (inserts, updates, deletes) while the materializer runs; the harness
 SIGKILLs the materializer's whole process group (driver and JVM) at random moments, and makes it kill itself at
-named crash windows (``REPLICA_CRASH_AT``), restarting it on the same checkpoint each time. At the end the oracle
-checks, against the reference model (:mod:`replica_dev.model`):
+named crash windows (``REPLICA_CRASH_AT``), restarting it on the same checkpoint each time. A plan may have some
+windows crashed in the harness's own process instead (the batch raises at the window: the same files on disk, without
+a launch's minute of JVM, session and cold first batch). At the end the oracle checks, against the reference model
+(:mod:`replica_dev.model`):
 
 * the table equals the model of every record consumed, row for row (no lost, extra, duplicate or stale rows);
 * every Delta version equals the model applied to exactly the offsets that version records (time travel), so no
@@ -29,18 +31,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 from replica_dev import loadgen
 from replica_dev.conf import orders_table, replica_doc, write_replica
 from replica_dev.embedded_kafka import EmbeddedKafka
-from replica_dev.faults import CRASH_ENV, CRASH_POINTS, WINDOWS
+from replica_dev.faults import CRASH_ENV, CRASH_POINTS, WINDOWS, CrashPoint, InjectedCrash
 from replica_dev.model import LoggedChange, fold
 from replica_lib.config import COPY_ON_WRITE, MERGE_ON_READ, PROJECT_ROOT, TableConfig, load_replica
 from replica_lib.layout import read_state
 from replica_lib.merge import MERGE_DELETION_VECTORS
 from replica_lib.producer import Change, ChangeProducer
 from replica_lib.progress import last_committed_offsets
+from replica_lib.recovery import release_checkpoint
+from replica_lib.stream import run_replica
 from replica_lib.target import changes_target
 from replica_lib.topics import TopicAdmin, TopicSpec
 
@@ -67,6 +72,8 @@ class ChaosPlan:
     events: int = 0  # at least this many changes: the primary writes until the kills are done and this is reached
     kills: int = 10
     crash_windows: tuple[str, ...] | None = None  # None: every window of the layout (faults.WINDOWS)
+    #: The windows crashed by a launched job's SIGKILL; None: all. The others are crashed in this process.
+    killed_windows: tuple[str, ...] | None = None
     rate: float = 10.0  # changes per second, written throughout the run
     partitions: int = 3
     max_offsets_per_trigger: int = 500
@@ -90,6 +97,8 @@ class ChaosPlan:
         unknown = [w for w in self.windows if w not in layout_windows(self.layouts)]
         if unknown:
             raise ValueError(f"crash windows {unknown} are not passed by the batches of {', '.join(self.layouts)}")
+        if self.killed_windows is not None and not set(self.killed_windows) <= set(self.windows):
+            raise ValueError(f"killed windows {list(self.killed_windows)}: give some of {list(self.windows)}")
         if self.kills < 0 or self.keys < 1 or self.rate <= 0:
             raise ValueError("kills must be >= 0, keys >= 1 and rate > 0")
 
@@ -122,6 +131,7 @@ class ChaosReport:
     kills: int = 0  # random SIGKILLs of the materializer
     broker_kills: int = 0  # SIGKILLs of the broker (run_broker_outages)
     crashes: dict[str, int] = field(default_factory=dict)
+    crashed_in_process: list[str] = field(default_factory=list)  # the windows of ``crashes`` hit in this process
     restarts: int = 0
     recovery_s: list[float] = field(default_factory=list)
     seconds: float = 0.0
@@ -158,8 +168,9 @@ class ChaosReport:
         return [
             f"events {self.events}, keys {self.keys}, random kills {self.kills}, "
             + (f"broker kills {self.broker_kills}, " if self.broker_kills else "")
-            + f"crash windows {json.dumps(self.crashes, sort_keys=True)}, "
-            f"restarts {self.restarts}, {self.seconds:.0f}s",
+            + f"crash windows {json.dumps(self.crashes, sort_keys=True)}"
+            + (f" ({', '.join(self.crashed_in_process)} in process), " if self.crashed_in_process else ", ")
+            + f"restarts {self.restarts}, {self.seconds:.0f}s",
             f"recovery (restart to first applied batch): {recovery}"
             + (", a second instance refused" if self.second_instance_refused else ""),
             f"Delta versions checked by time travel: {self.versions_checked}, compactions: {self.compactions}",
@@ -326,6 +337,11 @@ def run_chaos(spark: SparkSession, plan: ChaosPlan, workdir: Path, bootstrap_ser
     report = run.report
     try:
         for window in plan.windows:
+            if plan.killed_windows is not None and window not in plan.killed_windows:
+                _crash_in_process(spark, run, window)
+                report.crashes[window] = report.crashes.get(window, 0) + 1
+                report.crashed_in_process.append(window)
+                continue
             crashing = run.launch(crash_at=window)
             code = crashing.wait_exit(plan.launch_timeout_s)
             if code != -signal.SIGKILL:
@@ -355,6 +371,38 @@ def run_chaos(spark: SparkSession, plan: ChaosPlan, workdir: Path, bootstrap_ser
     finally:
         run.producer.stop.set()
     return run.judge(spark)
+
+
+def _crash_in_process(spark: SparkSession, run: _Scenario, window: str) -> None:
+    """Run the replica in this process until a batch (or a fold) raises at ``window``, as a launched job would be
+    SIGKILLed there; then release the checkpoint's lock, which a dead process's kernel would have dropped."""
+    cfg = load_replica(run.conf)
+    crash = CrashPoint(window, in_process=True)
+    previous = spark.conf.get(MERGE_DELETION_VECTORS, None)
+    if run.plan.deletion_vectors is not None:  # as a launch's --conf would
+        spark.conf.set(MERGE_DELETION_VECTORS, str(run.plan.deletion_vectors).lower())
+
+    def give_up() -> None:  # should the window never come: run_replica returns without the crash
+        for query in spark.streams.active:
+            query.stop()
+
+    timer = threading.Timer(run.plan.launch_timeout_s, give_up)
+    timer.start()
+    try:
+        run_replica(spark, cfg, available_now=False, hooks=crash.hooks())
+    except (StreamingQueryException, InjectedCrash):  # a batch's crash fails its query; a last fold's, the run
+        if not crash.hit.is_set():
+            raise
+    finally:
+        timer.cancel()
+        release_checkpoint(cfg)
+        if previous is None:
+            spark.conf.unset(MERGE_DELETION_VECTORS)
+        else:
+            spark.conf.set(MERGE_DELETION_VECTORS, previous)
+    if not crash.hit.is_set():
+        raise RuntimeError(f"crash window {window}: not reached in process within {run.plan.launch_timeout_s:.0f}s")
+    logger.info("crash window %s hit in process", window)
 
 
 def _refuse_second_instance(run: _Scenario, first: Launch) -> None:

@@ -1,11 +1,13 @@
-"""Crash windows for the fault harness: batch hooks that SIGKILL the job at a named point of a batch."""
+"""Crash windows for the fault harness: batch hooks that SIGKILL the job at a named point of a batch, or, for a
+replica run in the harness's own process, raise there (the batch stops at the same point, leaving the same files)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import signal
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 from replica_lib.batch import HOOK_POINTS, BatchHooks
 from replica_lib.errors import ConfigError
@@ -24,20 +26,33 @@ WINDOWS = {
 CRASH_ENV = "REPLICA_CRASH_AT"
 
 
+class InjectedCrash(Exception):
+    """A crash window hit in the harness's own process: what the batch raises where a launched job is SIGKILLed."""
+
+
 @dataclass(frozen=True)
 class CrashPoint:
-    """SIGKILL the job at ``point`` of a batch; ``batch_id`` None means the first batch with records."""
+    """SIGKILL the job at ``point`` of a batch; ``batch_id`` None means the first batch with records.
+
+    ``in_process``: raise :class:`InjectedCrash` instead, for a replica run in this process (its on-disk state at the
+    point is the same; a SIGKILL would also end the harness). ``hit`` is set once the point was reached.
+    """
 
     point: str
     batch_id: int | None = None
+    in_process: bool = False
+    hit: threading.Event = field(default_factory=threading.Event, compare=False)
 
     def hooks(self) -> BatchHooks:
         return BatchHooks(at=self._at)
 
     def _at(self, point: str, batch_id: int) -> None:
-        if point != self.point or (self.batch_id is not None and self.batch_id != batch_id):
+        if point != self.point or (self.batch_id is not None and self.batch_id != batch_id) or self.hit.is_set():
             return
-        logger.warning("batch %d: crashing at %s (%s)", batch_id, point, CRASH_ENV)
+        self.hit.set()
+        logger.warning("batch %d: crashing at %s (%s)", batch_id, point, "in process" if self.in_process else CRASH_ENV)
+        if self.in_process:
+            raise InjectedCrash(f"batch {batch_id}: crashed at {point}")
         logging.shutdown()
         os.kill(os.getpid(), signal.SIGKILL)
 
