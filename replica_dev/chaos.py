@@ -323,7 +323,8 @@ class _Scenario:
             raise RuntimeError(f"the last run did not stop cleanly on SIGTERM; see {run.log}")
 
     def judge(self, spark: SparkSession) -> ChaosReport:
-        self.report.restarts = len(self.launches) - 1 - self.report.second_instance_refused
+        runs = len(self.launches) + len(self.report.crashed_in_process)  # each on the same checkpoint
+        self.report.restarts = runs - 1 - self.report.second_instance_refused
         self.report.events = len(self.producer.logged)
         _oracle(spark, self.conf, self.producer.logged, self.report)
         self.report.seconds = time.monotonic() - self.started
