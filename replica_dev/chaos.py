@@ -41,7 +41,7 @@ from replica_dev.faults import CRASH_ENV, CRASH_POINTS, WINDOWS, CrashPoint, Inj
 from replica_dev.model import LoggedChange, fold
 from replica_lib.config import COPY_ON_WRITE, MERGE_ON_READ, PROJECT_ROOT, TableConfig, load_replica
 from replica_lib.layout import read_state
-from replica_lib.merge import MERGE_DELETION_VECTORS
+from replica_lib.merge import MERGE_DELETION_VECTORS, session_confs
 from replica_lib.producer import Change, ChangeProducer
 from replica_lib.progress import last_committed_offsets
 from replica_lib.recovery import release_checkpoint
@@ -340,16 +340,15 @@ def run_chaos(spark: SparkSession, plan: ChaosPlan, workdir: Path, bootstrap_ser
         for window in plan.windows:
             if plan.killed_windows is not None and window not in plan.killed_windows:
                 _crash_in_process(spark, run, window)
-                report.crashes[window] = report.crashes.get(window, 0) + 1
                 report.crashed_in_process.append(window)
-                continue
-            crashing = run.launch(crash_at=window)
-            code = crashing.wait_exit(plan.launch_timeout_s)
-            if code != -signal.SIGKILL:
-                raise RuntimeError(f"crash window {window}: expected the job to kill itself, exit code {code}")
-            crashing.kill()  # its JVM too
+            else:
+                crashing = run.launch(crash_at=window)
+                code = crashing.wait_exit(plan.launch_timeout_s)
+                if code != -signal.SIGKILL:
+                    raise RuntimeError(f"crash window {window}: expected the job to kill itself, exit code {code}")
+                crashing.kill()  # its JVM too
+                logger.info("crash window %s hit (launch %d)", window, len(run.launches))
             report.crashes[window] = report.crashes.get(window, 0) + 1
-            logger.info("crash window %s hit (launch %d)", window, len(run.launches))
         for i in range(plan.kills):
             victim = run.launch()
             report.recovery_s.append(victim.wait_for_batch(plan.launch_timeout_s))
@@ -379,9 +378,8 @@ def _crash_in_process(spark: SparkSession, run: _Scenario, window: str) -> None:
     SIGKILLed there; then release the checkpoint's lock, which a dead process's kernel would have dropped."""
     cfg = load_replica(run.conf)
     crash = CrashPoint(window, in_process=True)
-    previous = spark.conf.get(MERGE_DELETION_VECTORS, None)
-    if run.plan.deletion_vectors is not None:  # as a launch's --conf would
-        spark.conf.set(MERGE_DELETION_VECTORS, str(run.plan.deletion_vectors).lower())
+    dv = run.plan.deletion_vectors  # as a launch's --conf sets it
+    confs = {} if dv is None else {MERGE_DELETION_VECTORS: str(dv).lower()}
 
     def give_up() -> None:  # should the window never come: run_replica returns without the crash
         for query in spark.streams.active:
@@ -390,17 +388,14 @@ def _crash_in_process(spark: SparkSession, run: _Scenario, window: str) -> None:
     timer = threading.Timer(run.plan.launch_timeout_s, give_up)
     timer.start()
     try:
-        run_replica(spark, cfg, available_now=False, hooks=crash.hooks())
+        with session_confs(spark, confs):
+            run_replica(spark, cfg, available_now=False, hooks=crash.hooks())
     except (StreamingQueryException, InjectedCrash):  # a batch's crash fails its query; a last fold's, the run
         if not crash.hit.is_set():
             raise
     finally:
         timer.cancel()
         release_checkpoint(cfg)
-        if previous is None:
-            spark.conf.unset(MERGE_DELETION_VECTORS)
-        else:
-            spark.conf.set(MERGE_DELETION_VECTORS, previous)
     if not crash.hit.is_set():
         raise RuntimeError(f"crash window {window}: not reached in process within {run.plan.launch_timeout_s:.0f}s")
     logger.info("crash window %s hit in process", window)

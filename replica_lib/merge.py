@@ -53,7 +53,7 @@ class Commit:
 
 
 @contextlib.contextmanager
-def _session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
+def session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
     """Set session confs for the block, then put back what was there (a user's own setting survives)."""
     previous: dict[str, str | None] = {key: spark.conf.get(key, None) for key in confs}
     for key, value in confs.items():
@@ -70,7 +70,7 @@ def _session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[No
 
 def idempotent(spark: SparkSession, commit: Commit) -> contextlib.AbstractContextManager[None]:
     """Session confs that make the DML inside an idempotent Delta write carrying the commit's metadata."""
-    return _session_confs(
+    return session_confs(
         spark, {_TXN_APP_ID: commit.app_id, _TXN_VERSION: str(commit.batch_id), _USER_METADATA: commit.user_metadata()}
     )
 
@@ -185,7 +185,7 @@ def merge_rows(
         confs[MERGE_DELETION_VECTORS] = "false"
     elif spark.conf.get(MERGE_DELETION_VECTORS, None) is None:  # a setting of the user's own stands
         confs[MERGE_DELETION_VECTORS] = str(_deletion_vectors(spark, target)).lower()
-    with idempotent(spark, commit), _session_confs(spark, confs):
+    with idempotent(spark, commit), session_confs(spark, confs):
         metrics = (
             delta_table(spark, target)
             .alias("t")
@@ -398,7 +398,7 @@ def _optimize(
     spark: SparkSession, target: Target, confs: Mapping[str, str], run: Callable[[Any], DataFrame], what: str
 ) -> Compacted | None:
     try:
-        with _session_confs(spark, confs), typed_conflicts():
+        with session_confs(spark, confs), typed_conflicts():
             metrics = run(delta_table(spark, target).optimize())
             row = metrics.select("metrics.numFilesRemoved", "metrics.numFilesAdded").first()
     except ConcurrentCommitError as conflict:
@@ -430,7 +430,7 @@ def vacuum_files(spark: SparkSession, target: Target, retain_hours: float) -> in
         # VACUUM lists the table's folders in this many tasks, by default 10,000: 15 s for an empty table on two
         # cores. The cluster's cores list a table of any size as fast.
         confs[_LISTING_PARALLELISM] = str(max(1, spark.sparkContext.defaultParallelism))
-    with _session_confs(spark, confs):
+    with session_confs(spark, confs):
         delta_table(spark, target).vacuum(retain_hours)
     for row in delta_table(spark, target).history(2).select("operation", "operationMetrics").collect():
         if row["operation"] == "VACUUM END":
