@@ -26,6 +26,7 @@ import random
 import shutil
 import string
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -303,6 +304,9 @@ class Bench:
         self.stages: dict[str, list[BatchStats]] = {}  # ours, ours-mor: each batch's seconds per stage, per run
         self.configs: dict[str, ReplicaConfig] = {}  # ours, ours-mor: the replica of each run, to read its state
         self.probe_key: int | None = None  # a key live after the catch-up: the readers' point lookup
+        # Topics of this run only: a broker given by --bootstrap-servers may hold an earlier run's topics, whose
+        # records would join this run's workload (and its figures) under the same names.
+        self.run_id = uuid.uuid4().hex[:8]
         self.peer: Any = None
         if "peer" in plan.contenders:
             from replica_dev.bench_peer import Peer
@@ -311,7 +315,7 @@ class Bench:
 
     # ------------------------------------------------------------------ producing
     def topic(self, name: str) -> str:
-        name = name.replace("-", "_")  # the peer names a SQL temp view after its topic: no '-'
+        name = f"{name}_{self.run_id}".replace("-", "_")  # the peer names a SQL temp view after its topic: no '-'
         self.admin.ensure(TopicSpec.local(name, partitions=self.plan.partitions), local=True)
         return name
 

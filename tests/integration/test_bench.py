@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from replica_lib.catalog import pending_dir
 from replica_lib.config import PROJECT_ROOT, local_settings
+from tests.conftest import default_jvm_environ
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +39,7 @@ def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, st
     proc = subprocess.run(
         [str(PROJECT_ROOT / "spark-submit.sh"), "jobs/dev/bench.py", *(str(x) for kv in args.items() for x in kv)],
         cwd=PROJECT_ROOT,
-        env=os.environ,
+        env=default_jvm_environ(),  # the benchmark runs long: the JVM's default compilers
         capture_output=True,
         text=True,
         timeout=900,

@@ -49,7 +49,8 @@ def test_a_replica_on_a_standalone_cluster_loses_an_executor_and_stays_exact_and
         # Three batches of 300: an executor is lost after the first, and the query goes on through the loss.
         log = loadgen.run(producer, topic, loadgen.Workload(keys=80, events=900, seed=41))
 
-    on_cluster = ("--master", cluster.master_url)
+    # The executors live for these two jobs: like their drivers (tests/conftest.py), they compile with C1 only.
+    on_cluster = ("--master", cluster.master_url, "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1")
     job = Launch(conf, tmp_path / "materialize.log", None, args=("--available-now",), spark_options=on_cluster)
     try:
         job.wait_for_batch(JOB_TIMEOUT_S)  # the query runs on the executors: lose one of them mid-run
