@@ -339,10 +339,27 @@ def batch_confs(spark: SparkSession) -> dict[str, str]:
     return confs
 
 
-def replica_session(spark: SparkSession) -> SparkSession:
+#: How a streaming query writes its checkpoint's files (offsets, commits): Spark's default renames each through
+#: Hadoop's FileContext, which on a local disk asks for the file's link status, and Hadoop without its native
+#: library answers that by starting a ``readlink`` process (with a ``chmod`` for each new file): 8-10 ms each here,
+#: about 40 in a replica's start and a few in every batch. The FileSystem-based manager renames without them; its
+#: rename is not atomic against a second writer of the same checkpoint, which on a local disk the checkpoint's lock
+#: (``replica_lib.recovery.lock_checkpoint``) rules out.
+CHECKPOINT_FILE_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
+FILE_SYSTEM_CHECKPOINT_FILES = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
+
+
+def replica_session(spark: SparkSession, local_checkpoint: bool = False) -> SparkSession:
     """A session beside ``spark`` (same Spark context) for a replica's writes: its SQL confs are its own, so the
-    Delta write confs of an idempotent commit (``replica_lib.merge.idempotent``) reach no other session's commits."""
+    Delta write confs of an idempotent commit (``replica_lib.merge.idempotent``) reach no other session's commits.
+
+    ``local_checkpoint``: the replica's checkpoint is on a local disk, under its lock (see
+    :data:`CHECKPOINT_FILE_MANAGER`; a manager the user gave is kept)."""
     session = spark.newSession()
     for key, value in batch_confs(spark).items():
         session.conf.set(key, value)
+    if local_checkpoint and spark.conf.get(CHECKPOINT_FILE_MANAGER, None) is None:
+        session.conf.set(CHECKPOINT_FILE_MANAGER, FILE_SYSTEM_CHECKPOINT_FILES)
     return session

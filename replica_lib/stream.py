@@ -21,6 +21,7 @@ from replica_lib.recovery import (
     applied_so_far,
     check_checkpoint,
     check_log_still_holds,
+    checkpoint_is_local,
     claim_checkpoint,
     explain,
     lock_checkpoint,
@@ -77,7 +78,7 @@ def _start(
     # The file was checked when it was loaded; what needs storage comes next, and the broker only then, so that a
     # refused checkpoint creates no table and a bad checkpoint is not reported as an unreachable broker.
     lock_checkpoint(cfg)
-    session = replica_session(spark)
+    session = replica_session(spark, local_checkpoint=checkpoint_is_local(cfg))
     check_checkpoint(session, cfg)
     check_reachable(cfg)
     schemas = ensure_replica_tables(session, cfg)

@@ -15,7 +15,7 @@ from replica_lib.batch import BatchHandler, BatchHooks
 from replica_lib.config import ReplicaConfig
 from replica_lib.errors import ConfigError
 from replica_lib.progress import applied_offsets
-from replica_lib.session import replica_session
+from replica_lib.session import CHECKPOINT_FILE_MANAGER, FILE_SYSTEM_CHECKPOINT_FILES, replica_session
 from replica_lib.stream import start_replica
 from replica_lib.target import delta_table, ensure_replica_tables, read_table
 from tests.integration.support import (
@@ -134,3 +134,9 @@ def test_a_topic_that_does_not_exist_is_one_line_before_anything_is_created(
         "(fix: create the topic before the replica starts, or correct its name)"
     )
     assert not (tmp_path / "nowhere" / "orders").exists()
+
+
+def test_a_replica_session_writes_a_local_checkpoint_without_hadoops_link_status_processes(spark: SparkSession) -> None:
+    local = replica_session(spark, local_checkpoint=True)
+    assert local.conf.get(CHECKPOINT_FILE_MANAGER) == FILE_SYSTEM_CHECKPOINT_FILES
+    assert replica_session(spark).conf.get(CHECKPOINT_FILE_MANAGER, None) is None  # other storage: Spark's own
