@@ -342,9 +342,9 @@ def batch_confs(spark: SparkSession) -> dict[str, str]:
 #: How a streaming query writes its checkpoint's files (offsets, commits): Spark's default renames each through
 #: Hadoop's FileContext, which on a local disk asks for the file's link status, and Hadoop without its native
 #: library answers that by starting a ``readlink`` process (with a ``chmod`` for each new file): 8-10 ms each here,
-#: about 40 in a replica's start and a few in every batch. The FileSystem-based manager renames without them; its
-#: rename is not atomic against a second writer of the same checkpoint, which on a local disk the checkpoint's lock
-#: (``replica_lib.recovery.lock_checkpoint``) rules out.
+#: about 35 in a replica's run of one batch (start, batch, stop) and a few in every batch after. The FileSystem-based
+#: manager renames without them; its rename is not atomic against a second writer of the same checkpoint, which on
+#: a local disk the checkpoint's lock (``replica_lib.recovery.lock_checkpoint``) rules out.
 CHECKPOINT_FILE_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
 FILE_SYSTEM_CHECKPOINT_FILES = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"

@@ -19,7 +19,7 @@ from replica_lib.topics import TopicAdmin, TopicSpec
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 # The Spark jobs the tests launch (spark-submit.sh, ./replica, notebook kernels) live for a few batches, which a
-# JVM compiling with C1 only starts faster (a replica's first batch of 100 records, launched: 43-46 s with the
+# JVM compiling with C1 only runs faster (a replica launched on 100 records, start to exit: 43-46 s with the
 # default, 31-33 s with this); the run's own session lives an hour and keeps the default, where C1's code loses,
 # as does the benchmark's smoke run. Spark's launcher adds SPARK_SUBMIT_OPTS to a driver's JVM options.
 _OWN_SUBMIT_OPTS = os.environ.get("SPARK_SUBMIT_OPTS")

@@ -136,7 +136,7 @@ def test_a_topic_that_does_not_exist_is_one_line_before_anything_is_created(
     assert not (tmp_path / "nowhere" / "orders").exists()
 
 
-def test_a_replica_session_writes_a_local_checkpoint_without_hadoops_link_status_processes(spark: SparkSession) -> None:
+def test_a_replica_session_on_a_local_checkpoint_takes_the_file_system_checkpoint_manager(spark: SparkSession) -> None:
     local = replica_session(spark, local_checkpoint=True)
     assert local.conf.get(CHECKPOINT_FILE_MANAGER) == FILE_SYSTEM_CHECKPOINT_FILES
     assert replica_session(spark).conf.get(CHECKPOINT_FILE_MANAGER, None) is None  # other storage: Spark's own
