@@ -16,6 +16,7 @@ from replica_dev.spark_cluster import SparkStandalone
 from replica_lib.config import load_replica
 from replica_lib.producer import ChangeProducer, ProducerSettings
 from replica_lib.rebuild import rebuild_config
+from tests.conftest import C1_ONLY
 from tests.integration.test_semantics import assert_matches_model
 
 pytestmark = pytest.mark.integration
@@ -50,7 +51,7 @@ def test_a_replica_on_a_standalone_cluster_loses_an_executor_and_stays_exact_and
         log = loadgen.run(producer, topic, loadgen.Workload(keys=80, events=900, seed=41))
 
     # The executors live for these two jobs: like their drivers (tests/conftest.py), they compile with C1 only.
-    on_cluster = ("--master", cluster.master_url, "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1")
+    on_cluster = ("--master", cluster.master_url, "--conf", f"spark.executor.extraJavaOptions={C1_ONLY}")
     job = Launch(conf, tmp_path / "materialize.log", None, args=("--available-now",), spark_options=on_cluster)
     try:
         job.wait_for_batch(JOB_TIMEOUT_S)  # the query runs on the executors: lose one of them mid-run
