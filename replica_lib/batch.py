@@ -214,9 +214,17 @@ class BatchHandler:
         # live replica's).
         self._group_offsets = GroupOffsets(cfg) if monitored else None
 
+    def prefetch(self, spark: SparkSession) -> None:
+        """Start reading what the first batch needs of the copy-on-write tables (their retained deletes), on the
+        session the batches will run on: beside the query's start and the first decode instead of after them."""
+        if not self.replay:
+            tables = [self.schemas[t.name] for t in self.cfg.tables if not t.merge_on_read]
+            self._retained.prefetch(spark, tables, self._beside)
+
     def close(self) -> None:
         """Release the handler's threads (after its query stopped), once a fold in flight ended and the last
         applied offsets are committed."""
+        self._retained.cancel()
         self._folds.close()
         self._beside.shutdown(wait=True)
         if self._group_offsets is not None:
@@ -940,18 +948,38 @@ class _Retained:
 
     def __init__(self) -> None:
         self.parts: dict[str, list[DataFrame]] = {}
+        self.reading: dict[str, futures.Future[DataFrame]] = {}  # reads started by prefetch, not yet taken
+
+    def prefetch(self, spark: SparkSession, schemas: list[TableSchema], pool: futures.Executor) -> None:
+        """Start reading these tables' retained deletes on ``pool``: the read (a Delta snapshot and a scan, about a
+        second) then runs while the query starts and the first batch decodes, instead of after them."""
+        for schema in schemas:
+            read = functools.partial(self._read, spark, schema)
+            self.reading[schema.table.name] = pool.submit(inheritable_thread_target(spark)(read))
+
+    def cancel(self) -> None:
+        """Drop the reads not started yet (a run that had no batch): the handler's close does not wait for them."""
+        for reading in self.reading.values():
+            reading.cancel()
+
+    @staticmethod
+    def _read(spark: SparkSession, schema: TableSchema) -> DataFrame:
+        """The table's retained deletes with the commit that appended each, materialized (a local checkpoint)."""
+        spark.sparkContext.setJobDescription(f"retained deletes of {schema.table.name}")
+        target = tombstone_target(schema.table)
+        tombstones = read_table(spark, target).select(*version_columns(schema.table.keys), "_app_id", "_batch_id")
+        # An empty table (a new replica's) needs no scan, which on a starting JVM costs a second.
+        return spark.createDataFrame([], tombstones.schema) if is_empty(spark, target) else tombstones.localCheckpoint()
 
     def of(self, spark: SparkSession, schema: TableSchema, table_app: str, batch_id: int) -> DataFrame:
         """The table's retained deletes as ``keys + _src_partition, _src_offset, _src_seq``."""
         name = schema.table.name
         if name not in self.parts:
+            reading = self.reading.pop(name, None)
+            read = reading.result() if reading is not None else self._read(spark, schema)
             # A re-run of this batch must not see the tombstones its first run wrote (see the module docstring).
             own = (F.col("_app_id") == F.lit(f"{table_app}:tombstones")) & (F.col("_batch_id") == batch_id)
-            target = tombstone_target(schema.table)
-            tombstones = read_table(spark, target).where(~own).select(*version_columns(schema.table.keys))
-            # An empty table (a new replica's) needs no scan, which on a starting JVM costs a second.
-            empty = is_empty(spark, target)
-            self.parts[name] = [spark.createDataFrame([], tombstones.schema) if empty else tombstones.localCheckpoint()]
+            self.parts[name] = [read.where(~own).select(*version_columns(schema.table.keys))]
         return reduce(DataFrame.unionByName, self.parts[name])
 
     def add(self, name: str, winners_df: DataFrame, schema: TableSchema) -> None:

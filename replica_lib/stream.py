@@ -97,7 +97,12 @@ def _start(
     )
     once = cfg.trigger.available_now if available_now is None else available_now
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=cfg.trigger.interval)
-    query = writer.start()
+    handler.prefetch(session)
+    try:
+        query = writer.start()
+    except BaseException:
+        handler.close()  # the read it started beside the start ends with it
+        raise
     logger.info(
         "replica %s started (query id %s, checkpoint %s, topics %s, %s)",
         cfg.name,
