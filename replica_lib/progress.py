@@ -42,11 +42,16 @@ def path_exists(spark: SparkSession, path: str) -> bool:
     return bool(fs.exists(hadoop_path))
 
 
-def remove_if_empty(spark: SparkSession, path: str) -> bool:
-    """Delete the folder ``path`` if it holds no file at any depth (only empty folders); True if it did."""
+def remove_if_uncommitted(spark: SparkSession, path: str) -> bool:
+    """Delete the folder ``path`` if it holds no file at any depth but hidden ones (names that start with a dot: a
+    writer's temporary files and their checksums); True if it did. A Delta log like that holds no commit."""
     fs, hadoop_path = _fs(spark, path)
-    if not fs.exists(hadoop_path) or fs.listFiles(hadoop_path, True).hasNext():
+    if not fs.exists(hadoop_path):
         return False
+    files = fs.listFiles(hadoop_path, True)
+    while files.hasNext():
+        if not files.next().getPath().getName().startswith("."):
+            return False
     return bool(fs.delete(hadoop_path, True))
 
 

@@ -23,7 +23,7 @@ from replica_lib.config import (
     tombstone_location,
 )
 from replica_lib.errors import ConfigError
-from replica_lib.progress import remove_if_empty
+from replica_lib.progress import remove_if_uncommitted
 
 logger = logging.getLogger(__name__)
 
@@ -293,10 +293,11 @@ def ensure_table(
         if deletion_vectors is not None:
             _check_deletion_vectors(spark, target, deletion_vectors)
         return
-    # A creation killed before its first commit leaves a log folder with no commit in it, which Delta takes for a
-    # table that is not there (DELTA_TABLE_NOT_FOUND) on every later try: nothing was ever committed, so it goes.
-    if target.path and remove_if_empty(spark, f"{target.path.rstrip('/')}/_delta_log"):
-        logger.warning("%s: removed the empty log of a creation that never committed", target.describe())
+    # A creation killed before its first commit leaves a log folder with no commit in it (at most the hidden
+    # temporary file of the commit it was writing), which Delta takes for a table that is not there
+    # (DELTA_TABLE_NOT_FOUND) on every later try: nothing was ever committed, so it goes.
+    if target.path and remove_if_uncommitted(spark, f"{target.path.rstrip('/')}/_delta_log"):
+        logger.warning("%s: removed the log of a creation that never committed (it held no commit)", target.describe())
     builder = DeltaTable.createIfNotExists(spark).addColumns(schema).comment(description)
     builder = builder.location(target.path) if target.path else builder.tableName(str(target.table))
     builder = builder.property(_DELETION_VECTORS, "true" if deletion_vectors else "false")
