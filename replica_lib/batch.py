@@ -954,7 +954,7 @@ class _Retained:
         """Start reading these tables' retained deletes on ``pool``: the read (a Delta snapshot and a scan, about a
         second) then runs while the query starts and the first batch decodes, instead of after them."""
         for schema in schemas:
-            read = functools.partial(self._read, spark, schema)
+            read = functools.partial(self._read_beside, spark, schema)
             self.reading[schema.table.name] = pool.submit(inheritable_thread_target(spark)(read))
 
     def cancel(self) -> None:
@@ -962,10 +962,15 @@ class _Retained:
         for reading in self.reading.values():
             reading.cancel()
 
+    @classmethod
+    def _read_beside(cls, spark: SparkSession, schema: TableSchema) -> DataFrame:
+        """:meth:`_read` on a thread of its own, its jobs named for what they read (no batch stage names them)."""
+        spark.sparkContext.setJobDescription(f"retained deletes of {schema.table.name}")
+        return cls._read(spark, schema)
+
     @staticmethod
     def _read(spark: SparkSession, schema: TableSchema) -> DataFrame:
         """The table's retained deletes with the commit that appended each, materialized (a local checkpoint)."""
-        spark.sparkContext.setJobDescription(f"retained deletes of {schema.table.name}")
         target = tombstone_target(schema.table)
         tombstones = read_table(spark, target).select(*version_columns(schema.table.keys), "_app_id", "_batch_id")
         # An empty table (a new replica's) needs no scan, which on a starting JVM costs a second.
