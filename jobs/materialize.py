@@ -7,6 +7,7 @@ import sys
 
 from jobs._cli import guarded, setup_logging
 from replica_lib.config import load_replica, local_settings
+from replica_lib.recovery import lock_checkpoint
 from replica_lib.session import build_session
 from replica_lib.stream import run_replica
 
@@ -24,6 +25,8 @@ def main(argv: list[str]) -> int:
 
     def body() -> int:
         cfg = load_replica(args.conf)
+        # A second instance is refused at once, before its JVM starts (the start takes the lock it holds).
+        lock_checkpoint(cfg)
         spark = build_session(f"replica-{cfg.name}", local_settings())
         run_replica(spark, cfg, available_now=True if args.available_now else None)
         return 0
