@@ -196,7 +196,9 @@ class _Producer(threading.Thread):
                 keys=self.plan.keys, events=max(self.plan.events, 1_000_000), seed=self.plan.seed
             )
             changes = loadgen.generate(workload)
-            with ChangeProducer(self.connection) as producer:
+            # Back on the broker within a second of its restart (librdkafka waits up to 10 s between attempts),
+            # so the batch that shows the replica survived an outage comes as soon as the replica can make it.
+            with ChangeProducer({**self.connection, "reconnect.backoff.max.ms": "1000"}) as producer:
                 sent: list[tuple[Any, Change, str]] = []
                 started = time.monotonic()
                 for i, change in enumerate(changes):
@@ -563,9 +565,12 @@ def run_broker_outages(
             raise RuntimeError(
                 f"a materializer started without a broker did not fail clearly (exit {code}); see {down.log}"
             )
-        broker.start()
-        run.stop_primary()
+        # The broker comes back while the next materializer's JVM starts, as a supervisor would restart both; the
+        # materializer's start waits for a broker that is still starting up (replica_lib.source.check_reachable).
+        broker.start(wait=False)
         final = run.launch()
+        broker.wait_ready()
+        run.stop_primary()
         report.recovery_s.append(final.wait_for_batch(plan.launch_timeout_s))
         run.drain_and_stop(spark, final)
     finally:
