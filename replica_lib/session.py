@@ -280,6 +280,8 @@ def build_session(
             f"in {settings.state_dir / 'ivy'} after one success). Otherwise check Java 17+ (JAVA_HOME)."
         ) from exc
     spark.sparkContext.setLogLevel("WARN")
+    if spark.conf.get(SNAPSHOT_PARTITIONS, None) is None:  # on a cluster: its reads of Delta state (a verify's)
+        spark.conf.set(SNAPSHOT_PARTITIONS, snapshot_partitions(spark))
     _record_resolved(spark, settings)
     if local_metastore(spark, settings):  # Derby writes derby.log in the working folder unless told otherwise
         jvm = spark.sparkContext._jvm
@@ -333,10 +335,18 @@ def batch_confs(spark: SparkSession) -> dict[str, str]:
     batch's adaptive execution off nothing coalesces them, so on a cluster of fewer cores the replica's session
     uses one task per core (a setting the user gave is kept).
     """
-    confs = {"spark.databricks.delta.merge.materializeSource": "none"}
-    if spark.conf.get(SNAPSHOT_PARTITIONS, None) is None:
-        confs[SNAPSHOT_PARTITIONS] = str(min(50, max(1, spark.sparkContext.defaultParallelism)))
-    return confs
+    return {
+        "spark.databricks.delta.merge.materializeSource": "none",
+        # A new session starts from the launch's settings: the user's value, or the one build_session chose, is
+        # carried over.
+        SNAPSHOT_PARTITIONS: spark.conf.get(SNAPSHOT_PARTITIONS, None) or snapshot_partitions(spark),
+    }
+
+
+def snapshot_partitions(spark: SparkSession) -> str:
+    """Tasks for Delta's rebuild of a table's state: one per core up to Delta's 50. Delta caches the state in that
+    many partitions, which nothing coalesces afterwards: a verify on a two-core cluster ran 500 one-row tasks."""
+    return str(min(50, max(1, spark.sparkContext.defaultParallelism)))
 
 
 #: How a streaming query writes its checkpoint's files (offsets, commits): Spark's default renames each through

@@ -1,4 +1,4 @@
-"""replica_lib.session: what of the JVM's start-up output a user sees."""
+"""replica_lib.session: what of the JVM's start-up output a user sees, and the settings a replica's session gets."""
 
 from __future__ import annotations
 
@@ -7,9 +7,18 @@ import sys
 import zipfile
 from pathlib import Path
 
+from pyspark.sql import SparkSession
+
 import replica_lib
 from replica_lib.config import LocalSettings
-from replica_lib.session import _JVM_NOISE, SCHEDULER_POOLS, launch_scheduler, scheduler_pools
+from replica_lib.session import (
+    _JVM_NOISE,
+    SCHEDULER_POOLS,
+    SNAPSHOT_PARTITIONS,
+    launch_scheduler,
+    replica_session,
+    scheduler_pools,
+)
 
 #: What spark-submit printed at the start of ./replica status, its packages already in the cache (abridged).
 START_UP = """\
@@ -97,3 +106,18 @@ def test_the_scheduler_settings_a_launch_gives_are_kept_as_given() -> None:
     assert launch_scheduler(ours, ours) == ours  # the JVM launched here, with these
     for given in ({"spark.scheduler.mode": "FIFO"}, {"spark.scheduler.allocation.file": "/theirs.xml"}):
         assert launch_scheduler(ours, given) == {"spark.ui.enabled": "false"}  # neither of ours: theirs stand
+
+
+def test_a_replica_session_keeps_the_snapshot_tasks_its_parent_was_given(spark: SparkSession) -> None:
+    """A new session starts from the launch's settings, not its parent's: the value set on the parent (by the user, or
+    by build_session on a cluster) must reach the replica's session, whose Delta state it sizes."""
+    before = spark.conf.get(SNAPSHOT_PARTITIONS, None)
+    try:
+        spark.conf.set(SNAPSHOT_PARTITIONS, "3")
+        assert spark.newSession().conf.get(SNAPSHOT_PARTITIONS, None) != "3"  # what the copy is for
+        assert replica_session(spark).conf.get(SNAPSHOT_PARTITIONS) == "3"
+    finally:
+        if before is None:
+            spark.conf.unset(SNAPSHOT_PARTITIONS)
+        else:
+            spark.conf.set(SNAPSHOT_PARTITIONS, before)
