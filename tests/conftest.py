@@ -25,6 +25,9 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 C1_ONLY = "-XX:TieredStopAtLevel=1"
 _OWN_SUBMIT_OPTS = os.environ.get("SPARK_SUBMIT_OPTS")
 os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, (_OWN_SUBMIT_OPTS, C1_ONLY)))
+# The same for the other short JVMs Spark's scripts start: beeline's, and a standalone cluster's master and workers.
+for _opts in ("SPARK_BEELINE_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
+    os.environ[_opts] = " ".join(filter(None, (os.environ.get(_opts), C1_ONLY)))
 
 
 def default_jvm_environ() -> dict[str, str]:
