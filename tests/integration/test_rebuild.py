@@ -30,7 +30,7 @@ from replica_lib.rebuild import rebuild, rebuild_config
 from replica_lib.status import render, status_of
 from replica_lib.stream import run_replica
 from replica_lib.swap import swap
-from replica_lib.target import read_table, table_schema
+from replica_lib.target import changes_target, read_table, table_schema, tombstone_target
 from replica_lib.topics import TopicAdmin, TopicSpec
 from tests.integration.support import (
     delete,
@@ -250,11 +250,14 @@ def test_a_swap_replaces_a_wrong_live_replica_in_one_commit_and_the_replica_goes
         pass
 
     seen: list[str] = []
+    read: dict[tuple[Any, ...], set[tuple[Any, ...]]] = {}  # a table's state by the files it was read from
 
     def look(point: str) -> None:
         for table in LAYOUTS:
-            state = _state(spark, live, table)
-            assert state in (old[table], new[table]), f"a reader saw neither state of {table} at {point}"
+            stamp = (table, _files(live, table))
+            if stamp not in read:  # the same files read the same rows: read again only after a write
+                read[stamp] = _state(spark, live, table)
+            assert read[stamp] in (old[table], new[table]), f"a reader saw neither state of {table} at {point}"
         seen.append(point)
         if point == "after_tombstones" and seen.count(point) in (1, 3):
             raise Crash(point)
@@ -300,6 +303,19 @@ def _state(spark: SparkSession, cfg: ReplicaConfig, table: str, version: int | N
     else:
         frame = spark.read.format("delta").option("versionAsOf", version).load(str(cfg.table(table).target.path))
     return {(r["order_id"], r["status"], r["amount"]) for r in frame.collect()}
+
+
+def _files(cfg: ReplicaConfig, table: str) -> tuple[tuple[str, int, int], ...]:
+    """Every file of the Delta tables a reader of ``table`` reads, data and log (path, size, mtime)."""
+    files: list[tuple[str, int, int]] = []
+    config = cfg.table(table)
+    for target in (config.target, tombstone_target(config), changes_target(config)):
+        assert target.path is not None  # tables by path, whose files are all there is to read
+        folder = Path(target.path)
+        if folder.is_dir():
+            stats = ((str(p), p.stat()) for p in folder.rglob("*") if p.is_file())
+            files += sorted((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats)
+    return tuple(files)
 
 
 def _model_state(spark: SparkSession, cfg: ReplicaConfig, table: str, log: list[Any]) -> set[tuple[Any, ...]]:
