@@ -280,7 +280,8 @@ def build_session(
             f"in {settings.state_dir / 'ivy'} after one success). Otherwise check Java 17+ (JAVA_HOME)."
         ) from exc
     spark.sparkContext.setLogLevel("WARN")
-    if spark.conf.get(SNAPSHOT_PARTITIONS, None) is None:  # on a cluster: its reads of Delta state (a verify's)
+    # A local launch set it; on a cluster the job's own reads of Delta state (a verify's) take one task per core too.
+    if spark.conf.get(SNAPSHOT_PARTITIONS, None) is None:
         spark.conf.set(SNAPSHOT_PARTITIONS, snapshot_partitions(spark))
     _record_resolved(spark, settings)
     if local_metastore(spark, settings):  # Derby writes derby.log in the working folder unless told otherwise
