@@ -516,7 +516,9 @@ def _typed_key_and_data(present: frozenset[str], schema: TableSchema) -> tuple[S
         _with("_k", F.from_json(F.col("_key_json"), _with_corrupt(schema.key_schema), _PERMISSIVE)),
         _with("_d", _data(present, schema)),
         _with("_key_plain", _plain_key(key_text, F.col("_k"), keys)),
-        _with("_key_single", F.col("_key_plain") | _single(key_text, _strict(key_text))),
+        # Not ``plain | single``: Spark evaluates a subexpression used twice on both sides of an OR before the OR,
+        # so every key was parsed strictly; a CASE evaluates its other branch only where the key is not plain.
+        _with("_key_single", F.when(F.col("_key_plain"), F.lit(True)).otherwise(_single(key_text, _strict(key_text)))),
         _with("_bad", F.when((F.col("_op") == "upsert") & suspect, bad_columns)),
     )
 
