@@ -225,14 +225,8 @@ def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig], data: T.S
 
 @lru_cache(maxsize=_CACHED_SCHEMAS)
 def _native_steps(tables: tuple[TableConfig, ...], data: T.StructType | None) -> tuple[Step, ...]:
-    text = F.col("_value").cast("string")
     parse, clean = _native_parse(data)
-    head = (
-        _raw(),
-        _with("_strict", _strict(text)),
-        _with("_single", F.is_valid_utf8(text) & _single(text, F.col("_strict"))),
-        *parse,
-    )
+    head = (_raw(), *parse)
     env = F.col("_env")
     is_tombstone = F.col("_value").isNull()
     table, route_error = _route(tables, env["table"])
@@ -264,13 +258,23 @@ def _native_steps(tables: tuple[TableConfig, ...], data: T.StructType | None) ->
 
 
 def _native_parse(data: T.StructType | None) -> tuple[tuple[Step, ...], Column]:
-    """The steps that put the envelope in ``_env`` (and, given ``data``, the typed parse in ``_typed``), and the
-    condition under which a record was taken cleanly by the typed parse (always false without ``data``)."""
+    """The steps that put the strict parse in ``_strict``, whether the text is one strict JSON value in ``_single``
+    and the envelope in ``_env`` (and, given ``data``, the typed parse in ``_typed``), and the condition under which a
+    record was taken cleanly by the typed parse (always false without ``data``)."""
     text = F.col("_value").cast("string")
+    single = F.is_valid_utf8(text) & _single(text, F.col("_strict"))
     if data is None:
-        return (_with("_env", F.from_json(text, NATIVE_ENVELOPE, _PERMISSIVE)),), F.lit(False)
+        untyped_env = _with("_env", F.from_json(text, NATIVE_ENVELOPE, _PERMISSIVE))
+        return (_with("_strict", _strict(text)), _with("_single", single), untyped_env), F.lit(False)
     typed_step = _with("_typed", F.from_json(text, _typed_envelope(data), _PERMISSIVE))
     typed = F.col("_typed")
+    # A record the typed parse proves plain skips the strict parse (the costliest part of decoding a valid record).
+    plain = F.col("_plain")
+    proof = (
+        _with("_plain", _plain_value(text, typed, data)),
+        _with("_strict", F.when(~plain, _strict(text))),
+        _with("_single", F.when(plain, F.lit(True)).otherwise(single)),
+    )
     # A clean record is also exactly one strict JSON text in UTF-8 with no value coerced into a STRING column.
     coerced = [
         _looks_coerced(typed["data"][f.name]) & _not_string(F.col("_strict"), _field_path("data", f.name))
@@ -295,7 +299,47 @@ def _native_parse(data: T.StructType | None) -> tuple[tuple[Step, ...], Column]:
     present = F.when(typed["data"].isNotNull(), F.lit("")).cast("string").alias("data")
     none = F.lit(None).cast("string").alias("_corrupt")
     env_step = _with("_env", F.when(clean, F.struct(*fields, present, none)).otherwise(untyped))
-    return (typed_step, env_step), clean
+    return (typed_step, *proof, env_step), clean
+
+
+def _plain_value(text: Column, typed: Column, data: T.StructType) -> Column:
+    """Whether a native record is, without a strict parse, exactly one strict JSON object of envelope and row fields
+    that its typed parse ``typed`` read, each once, none a value turned into a string: no second parse is needed.
+
+    As :func:`_plain_key` for keys. The typed parse read a strict JSON object from the text's first character, every
+    field it read non-null takes one ``:`` of its own, and every object one ``{`` and one ``}``. So a text that also
+    has exactly that many of each (and no ``[`` or ``]``) and ends with the object's ``}`` has no other field, no
+    field twice, no null field, no colon or brace inside a string and nothing after the object. Every other record
+    (a row with nested columns, a string that may be a coerced value, a time or date that may be a bare number, any
+    brace or colon in a string) takes the strict parse and its checks, as before.
+    """
+    if not all(isinstance(f.dataType, T.AtomicType) for f in data.fields):
+        return F.lit(False)
+    row = typed["data"]
+    envelope_fields = [typed[f] for f in ("op", "seq", "ts_ms", "table")] + [row]
+    read = [*envelope_fields, *[row[f.name] for f in data.fields]]
+    fields = reduce(lambda a, b: a + b, [F.when(c.isNotNull(), 1).otherwise(0) for c in read])
+    objects = F.when(row.isNotNull(), 2).otherwise(1)
+    strings = [typed["op"], typed["table"], *[row[f.name] for f in data.fields if isinstance(f.dataType, T.StringType)]]
+    temporal = [
+        row[f.name] for f in data.fields if logical.is_timestamp(f.dataType) or isinstance(f.dataType, T.DateType)
+    ]
+    checks = [
+        typed.isNotNull(),
+        typed["_corrupt"].isNull(),
+        typed["op"].isin("upsert", "delete"),
+        F.startswith(text, F.lit("{")),
+        F.endswith(text, F.lit("}")),
+        F.instr(text, "[") == 0,
+        F.instr(text, "]") == 0,
+        *[~_looks_coerced(s) for s in strings],
+        *[t.isNull() for t in temporal],
+        _count(text, ":") == fields,
+        _count(text, "{") == objects,
+        _count(text, "}") == objects,
+        F.is_valid_utf8(text),
+    ]
+    return F.coalesce(reduce(lambda a, b: a & b, checks), F.lit(False))
 
 
 def _native_error(route_error: Column) -> Column:
