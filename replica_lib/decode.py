@@ -16,6 +16,7 @@ _event_ts, _tombstone, _key_json, _data_json, _error``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from functools import lru_cache, reduce
 
@@ -318,9 +319,17 @@ def _plain_value(text: Column, typed: Column, data: T.StructType) -> Column:
     row = typed["data"]
     envelope_fields = [typed[f] for f in ("op", "seq", "ts_ms", "table")] + [row]
     read = [*envelope_fields, *[row[f.name] for f in data.fields]]
-    fields = reduce(lambda a, b: a + b, [F.when(c.isNotNull(), 1).otherwise(0) for c in read])
+    # A delete's ``"data": null`` (as the producer writes it) is the one null field that takes its colon.
+    null_data = F.when(row.isNull() & text.rlike('"data"' + _BLANK + ":" + _BLANK + "null"), 1).otherwise(0)
+    fields = reduce(lambda a, b: a + b, [F.when(c.isNotNull(), 1).otherwise(0) for c in read], null_data)
     objects = F.when(row.isNotNull(), 2).otherwise(1)
-    strings = [typed["op"], typed["table"], *[row[f.name] for f in data.fields if isinstance(f.dataType, T.StringType)]]
+    # A row's STRING value that may be a coerced one is one when the text gives it as a string; an envelope's is not.
+    strings = [~_looks_coerced(typed["op"]), ~_looks_coerced(typed["table"])]
+    strings += [
+        ~_looks_coerced(row[f.name]) | (F.lit(f.name not in _ENVELOPE_FIELDS) & _given_as_string(text, f.name))
+        for f in data.fields
+        if isinstance(f.dataType, T.StringType)
+    ]
     temporal = [
         row[f.name] for f in data.fields if logical.is_timestamp(f.dataType) or isinstance(f.dataType, T.DateType)
     ]
@@ -332,7 +341,7 @@ def _plain_value(text: Column, typed: Column, data: T.StructType) -> Column:
         F.endswith(text, F.lit("}")),
         F.instr(text, "[") == 0,
         F.instr(text, "]") == 0,
-        *[~_looks_coerced(s) for s in strings],
+        *strings,
         *[t.isNull() for t in temporal],
         _count(text, ":") == fields,
         _count(text, "{") == objects,
@@ -340,6 +349,22 @@ def _plain_value(text: Column, typed: Column, data: T.StructType) -> Column:
         F.is_valid_utf8(text),
     ]
     return F.coalesce(reduce(lambda a, b: a & b, checks), F.lit(False))
+
+
+#: JSON's white space, as a regular expression.
+_BLANK = "[ \\t\\n\\r]*"
+#: The native envelope's fields: a row column of the same name is not looked up by name in the text.
+_ENVELOPE_FIELDS = frozenset(("op", "seq", "ts_ms", "table", "data", "_corrupt"))
+
+
+def _given_as_string(text: Column, name: str) -> Column:
+    """Whether the first value of a field ``name`` in ``text`` starts with a quote: a JSON string, not a number,
+    boolean or object that a typed parse turns into text.
+
+    Exact in a plain value (:func:`_plain_value`), whose every colon is a field's: no string holds ``"name":``, the
+    field is there once, under its own name. A name written with escapes is not found (the record is then not plain).
+    """
+    return F.regexp_extract(text, '"' + re.escape(name) + '"' + _BLANK + ":" + _BLANK + "(.)", 1) == '"'
 
 
 def _native_error(route_error: Column) -> Column:
