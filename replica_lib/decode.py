@@ -310,9 +310,10 @@ def _plain_value(text: Column, typed: Column, data: T.StructType) -> Column:
     As :func:`_plain_key` for keys. The typed parse read a strict JSON object from the text's first character, every
     field it read non-null takes one ``:`` of its own, and every object one ``{`` and one ``}``. So a text that also
     has exactly that many of each (and no ``[`` or ``]``) and ends with the object's ``}`` has no other field, no
-    field twice, no null field, no colon or brace inside a string and nothing after the object. Every other record
-    (a row with nested columns, a string that may be a coerced value, a time or date that may be a bare number, any
-    brace or colon in a string) takes the strict parse and its checks, as before.
+    field twice, no null field (but a delete's ``data``), no colon or brace inside a string and nothing after the
+    object; a STRING value that starts like a number, boolean or object is then told from one by the text
+    (:func:`_given_as_string`). Every other record (a row with nested columns, a time or date that may be a bare
+    number, any brace or colon in a string) takes the strict parse and its checks, as before.
     """
     if not all(isinstance(f.dataType, T.AtomicType) for f in data.fields):
         return F.lit(False)
