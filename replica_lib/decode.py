@@ -269,7 +269,7 @@ def _native_parse(data: T.StructType | None) -> tuple[tuple[Step, ...], Column]:
         return (_with("_strict", _strict(text)), _with("_single", single), untyped_env), F.lit(False)
     typed_step = _with("_typed", F.from_json(text, _typed_envelope(data), _PERMISSIVE))
     typed = F.col("_typed")
-    # A record the typed parse proves plain skips the strict parse (the costliest part of decoding a valid record).
+    # A record the typed parse proves plain skips the strict parse (with its checks, the dearer half of the decode).
     plain = F.col("_plain")
     proof = (
         _with("_plain", _plain_value(text, typed, data)),
@@ -318,8 +318,7 @@ def _plain_value(text: Column, typed: Column, data: T.StructType) -> Column:
     if not all(isinstance(f.dataType, T.AtomicType) for f in data.fields):
         return F.lit(False)
     row = typed["data"]
-    envelope_fields = [typed[f] for f in ("op", "seq", "ts_ms", "table")] + [row]
-    read = [*envelope_fields, *[row[f.name] for f in data.fields]]
+    read = [typed[name] for name in sorted(_ENVELOPE_FIELDS - {"_corrupt"})] + [row[f.name] for f in data.fields]
     # A delete's ``"data": null`` (as the producer writes it) is the one null field that takes its colon.
     null_data = F.when(row.isNull() & text.rlike('"data"' + _BLANK + ":" + _BLANK + "null"), 1).otherwise(0)
     fields = reduce(lambda a, b: a + b, [F.when(c.isNotNull(), 1).otherwise(0) for c in read], null_data)
@@ -355,7 +354,7 @@ def _plain_value(text: Column, typed: Column, data: T.StructType) -> Column:
 #: JSON's white space, as a regular expression.
 _BLANK = "[ \\t\\n\\r]*"
 #: The native envelope's fields: a row column of the same name is not looked up by name in the text.
-_ENVELOPE_FIELDS = frozenset(("op", "seq", "ts_ms", "table", "data", "_corrupt"))
+_ENVELOPE_FIELDS = frozenset(column.split()[0] for column in NATIVE_ENVELOPE.split(", "))
 
 
 def _given_as_string(text: Column, name: str) -> Column:
