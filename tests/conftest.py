@@ -60,6 +60,14 @@ def settings(catalog_dir: Path) -> LocalSettings:
     return local_settings()
 
 
+# The run's session evaluates expressions without generating code: its queries read a few rows each, and most are
+# planned once, so compiling their generated classes (Janino, then the JVM's JIT on the result) costs more than it
+# saves (two tests of test_semantics.py in a new session: 132 s with code generation, 100 s without). Both modes are
+# Spark's own and give the same rows; the jobs the tests launch, as users run them, keep Spark's default, and so do
+# the decode's tests (the `production_codegen` fixture).
+NO_CODEGEN = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
+
 @pytest.fixture(scope="session")
 def spark(settings: LocalSettings) -> Iterator[SparkSession]:
     with _default_jvm():  # pyspark starts the session's JVM with os.environ
@@ -67,10 +75,22 @@ def spark(settings: LocalSettings) -> Iterator[SparkSession]:
             "replica-tests",
             settings,
             master="local[2]",
-            extra={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+            extra={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2", **NO_CODEGEN},
         )
     yield session
     session.stop()
+
+
+@pytest.fixture
+def production_codegen(spark: SparkSession) -> Iterator[None]:
+    """Spark's default code generation for one test, as a replica job runs: for the decode's expressions."""
+    spark.conf.set("spark.sql.codegen.wholeStage", "true")
+    spark.conf.set("spark.sql.codegen.factoryMode", "FALLBACK")
+    try:
+        yield
+    finally:
+        for key, value in NO_CODEGEN.items():
+            spark.conf.set(key, value)
 
 
 @pytest.fixture(scope="session")

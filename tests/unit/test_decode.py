@@ -16,6 +16,9 @@ from replica_lib import decode, logical
 from replica_lib.config import ReplicaConfig, parse_replica
 from replica_lib.target import TableSchema, table_schema
 
+# The decode's expressions run as in a replica job: with Spark's code generation (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("production_codegen")
+
 RAW_SCHEMA = "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP"
 ORDERS_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, updated_ms BIGINT"
 KAFKA_TS = datetime(2024, 1, 2, 3, 4, 5)

@@ -26,6 +26,9 @@ from tests.unit.test_decode import (
     schemas_of,
 )
 
+# The decode's expressions run as in a replica job: with Spark's code generation (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("production_codegen")
+
 SEED = 20261123
 RECORDS = 2000
 #: The typed columns of an orders change, then the change's op, seq, tombstone flag and offset.
