@@ -84,8 +84,8 @@ def spark(settings: LocalSettings) -> Iterator[SparkSession]:
 @pytest.fixture
 def production_codegen(spark: SparkSession) -> Iterator[None]:
     """Spark's default code generation for one test, as a replica job runs: for the decode's expressions."""
-    spark.conf.set("spark.sql.codegen.wholeStage", "true")
-    spark.conf.set("spark.sql.codegen.factoryMode", "FALLBACK")
+    for key in NO_CODEGEN:
+        spark.conf.unset(key)  # Spark's own default, whatever its value
     try:
         yield
     finally:
