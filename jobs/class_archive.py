@@ -41,7 +41,13 @@ NOT_STARTED = 3
 
 
 def main(argv: list[str]) -> int:
-    """Run the workload and stop; the shell waits for the JVM, which writes the archive as it exits."""
+    """Run the workload and stop; the shell waits for the JVM, which writes the archive as it exits.
+
+    With ``--ready`` (``./replica setup``, through ``spark-submit.sh``, which makes the archive before it runs a job)
+    start nothing and say whether the archive is there, so that no later job start pays the minute.
+    """
+    if argv == ["--ready"]:
+        return _report(local_settings().state_dir / "class-archive")
     try:
         spark = build_session("replica-class-archive", local_settings())
     except SetupError:
@@ -56,6 +62,15 @@ def main(argv: list[str]) -> int:
     if process is not None:
         process.stdin.close()
         return 0 if process.wait(timeout=300) == 0 else 1
+    return 0
+
+
+def _report(folder: Path) -> int:
+    archives = sorted(folder.glob("spark-*.jsa"))
+    if archives:
+        print(f"class archive: {archives[-1]} ({archives[-1].stat().st_size >> 20} MB)")
+    else:  # off (REPLICA_CLASS_ARCHIVE=off), or a failed attempt, which spark-submit.sh has reported
+        print("class archive: none (jobs start without one)")
     return 0
 
 
