@@ -36,12 +36,11 @@ def default_jvm_environ() -> dict[str, str]:
     return env if _OWN_SUBMIT_OPTS is None else {**env, "SPARK_SUBMIT_OPTS": _OWN_SUBMIT_OPTS}
 
 
-# The run's own session collects garbage with the parallel collector, unless the user's options choose one. G1
-# (1 MB regions in its 2 GB heap) collected for humongous allocations in 85 of its 175 collections in a 200 s
-# profile and marks concurrently besides, on a machine whose two cores the tests keep busy; the parallel collector
-# does neither (test_semantics.py in a new session: 452 s and 456 s with G1, whose threads took 72 CPU-s of the
-# second run; 409 s with the parallel collector, whose threads took 24). The collector changes no result. Launched
-# jobs keep the default: no faster there.
+# The run's own session collects garbage with the parallel collector, unless the user's options choose one: its
+# small writes allocate Parquet's page buffers, which G1 takes as humongous objects (1 MB regions in a 2 GB heap)
+# and answers with a collection each; the parallel collector has no such objects and no concurrent marking
+# (test_semantics.py in a new session: G1's threads 60 CPU-s of its first 5.5 minutes, 452 s in all; the parallel
+# collector's 14 s, 409 s). The collector changes no result. Launched jobs keep the default: no faster there.
 SESSION_GC = "-XX:+UseParallelGC"
 
 
