@@ -36,26 +36,11 @@ def default_jvm_environ() -> dict[str, str]:
     return env if _OWN_SUBMIT_OPTS is None else {**env, "SPARK_SUBMIT_OPTS": _OWN_SUBMIT_OPTS}
 
 
-# The run's own session collects garbage with the parallel collector, unless the user's options choose one: its
-# small writes allocate Parquet's page buffers, which G1 takes as humongous objects (1 MB regions in a 2 GB heap)
-# and answers with a collection each; the parallel collector has no such objects and no concurrent marking
-# (test_semantics.py in a new session: G1's threads 60 CPU-s of its first 5.5 minutes, 452 s in all; the parallel
-# collector's 14 s, 409 s). The collector changes no result. Launched jobs keep the default: no faster there.
-SESSION_GC = "-XX:+UseParallelGC"
-
-
-def _session_jvm_options() -> str | None:
-    own = _OWN_SUBMIT_OPTS or ""
-    chosen = any(option.startswith("-XX:+Use") and option.endswith("GC") for option in own.split())
-    return " ".join(filter(None, (own, None if chosen else SESSION_GC))) or None
-
-
 @contextmanager
-def _session_jvm() -> Iterator[None]:
+def _default_jvm() -> Iterator[None]:
     launched = os.environ.pop("SPARK_SUBMIT_OPTS")
-    options = _session_jvm_options()
-    if options is not None:
-        os.environ["SPARK_SUBMIT_OPTS"] = options
+    if _OWN_SUBMIT_OPTS is not None:
+        os.environ["SPARK_SUBMIT_OPTS"] = _OWN_SUBMIT_OPTS
     try:
         yield
     finally:
@@ -85,7 +70,7 @@ NO_CODEGEN = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factor
 
 @pytest.fixture(scope="session")
 def spark(settings: LocalSettings) -> Iterator[SparkSession]:
-    with _session_jvm():  # pyspark starts the session's JVM with os.environ
+    with _default_jvm():  # pyspark starts the session's JVM with os.environ
         session = build_session(
             "replica-tests",
             settings,
