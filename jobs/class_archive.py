@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
     start nothing and say whether the archive is there, so that no later job start pays the minute.
     """
     if argv == ["--ready"]:
-        return _report(local_settings().state_dir / "class-archive")
+        return _report(local_settings().class_archive_dir)
     try:
         spark = build_session("replica-class-archive", local_settings())
     except SetupError:

@@ -92,6 +92,11 @@ class LocalSettings:
         return self.state_dir / "broker"
 
     @property
+    def class_archive_dir(self) -> Path:
+        """Where spark-submit.sh keeps the class-data archive (``replica_class_archive`` in scripts/bootstrap.sh)."""
+        return self.state_dir / "class-archive"
+
+    @property
     def catalog_home(self) -> Path:
         return self.catalog_dir or self.state_dir
 

@@ -93,7 +93,7 @@ def test_materialize_job_stops_after_the_current_batch_on_sigterm(
     logged = output.lines + stderr_file.read_text().splitlines()
     assert [line for line in logged if " ERROR " in line or "Traceback" in line or "Exception" in line] == []
     # Its JVM started from the class-data archive spark-submit.sh makes once (a refused one is a JVM warning).
-    assert list((local_settings().state_dir / "class-archive").glob("spark-*.jsa"))
+    assert list(local_settings().class_archive_dir.glob("spark-*.jsa"))
     assert [line for line in logged if "[cds" in line or "shared archive" in line] == []
 
     cfg = load_replica(conf, env)
