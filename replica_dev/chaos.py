@@ -46,7 +46,7 @@ from replica_lib.producer import Change, ChangeProducer
 from replica_lib.progress import last_committed_offsets
 from replica_lib.recovery import release_checkpoint
 from replica_lib.stream import run_replica
-from replica_lib.target import changes_target
+from replica_lib.target import changes_target, tombstone_target
 from replica_lib.topics import TopicAdmin, TopicSpec
 
 logger = logging.getLogger(__name__)
@@ -523,6 +523,11 @@ def _check_table(spark: SparkSession, table: TableConfig, logged: Sequence[Logge
         for row in log_history.where("userMetadata IS NOT NULL").collect():
             meta = json.loads(row["userMetadata"])
             seen[(meta["generation"], int(meta["batch_id"]))] += 1
+    else:  # a batch with deletes also appends them to the tombstone table, once (batch._Retained.committed)
+        tombstones = DeltaTable.forPath(spark, str(tombstone_target(table).path)).history().select("userMetadata")
+        for row in tombstones.where("userMetadata IS NOT NULL").collect():
+            meta = json.loads(row["userMetadata"])
+            seen[(f"{meta['generation']}:tombstones", int(meta["batch_id"]))] += 1
     report.batches_committed_twice += sum(n - 1 for n in seen.values() if n > 1)
 
 

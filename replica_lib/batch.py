@@ -1,9 +1,10 @@
 """The foreachBatch handler: decode -> order (and dedup) -> MERGE, exactly once per batch.
 
 Per table, the batch's winning deletes are appended to the tombstone table and the replica table is merged. If
-a crash lands between the two commits, Spark re-runs the batch: Delta skips the write already committed (same
-``txnAppId`` and batch id), and the current state read for ordering ignores the tombstones that this very batch
-wrote, so the re-run decides exactly what the first run decided. Only Kafka tombstones read the replica table's
+a crash lands between the two commits, Spark re-runs the batch: the write already committed is skipped (the MERGE
+by Delta, for the same ``txnAppId`` and batch id; the tombstones by the handler, which finds them when it reads the
+tombstone table at its first batch), and the current state read for ordering ignores the tombstones that this very
+batch wrote, so the re-run decides exactly what the first run decided. Only Kafka tombstones read the replica table's
 rows (they take the seq of the state they delete), so a batch holding some appends its tombstones first; any
 other batch makes the two writes at once, as the winners do not depend on which of them committed.
 """
@@ -604,10 +605,16 @@ class BatchHandler:
     def _tombstones(
         self, batch: _Batch, table: TableConfig, schema: TableSchema, winners: _Winners, commit: Commit
     ) -> None:
-        """Append the batch's winning deletes to the table's tombstone log (an append: see :func:`_winners`)."""
+        """Append the batch's winning deletes to the table's tombstone log (an append: see :func:`_winners`), unless
+        a run of this batch before a restart appended them already (see :meth:`_Retained.committed`)."""
         with batch.stage(f"{table.name}: tombstones"):
-            if winners.deletes:
-                append_tombstones(tombstone_target(table), winners.df, schema, commit)
+            if winners.deletes and not self._retained.committed(table.name, batch.batch_id):
+                try:
+                    append_tombstones(tombstone_target(table), winners.df, schema, commit, checked=True)
+                except BaseException:
+                    self._retained.forget(table.name)  # the commit may have landed: read the table again
+                    raise
+                self._retained.appended(table.name, batch.batch_id)
         self._at("after_tombstones", batch)
 
     def _compact(self, batch: _Batch) -> None:
@@ -949,6 +956,8 @@ class _Retained:
     def __init__(self) -> None:
         self.parts: dict[str, list[DataFrame]] = {}
         self.reading: dict[str, futures.Future[DataFrame]] = {}  # reads started by prefetch, not yet taken
+        #: Per table, the last batch of this handler's app whose tombstones the table held when it was read.
+        self.last_committed: dict[str, int] = {}
 
     def prefetch(self, spark: SparkSession, schemas: list[TableSchema], pool: futures.Executor) -> None:
         """Start reading these tables' retained deletes on ``pool``: the read (a Delta snapshot and a scan, about a
@@ -983,9 +992,32 @@ class _Retained:
             reading = self.reading.pop(name, None)
             read = reading.result() if reading is not None else self._read(spark, schema)
             # A re-run of this batch must not see the tombstones its first run wrote (see the module docstring).
-            own = (F.col("_app_id") == F.lit(f"{table_app}:tombstones")) & (F.col("_batch_id") == batch_id)
+            app = F.col("_app_id") == F.lit(f"{table_app}:tombstones")
+            own = app & (F.col("_batch_id") == batch_id)
             self.parts[name] = [read.where(~own).select(*version_columns(schema.table.keys))]
+            last = read.where(app).agg(F.max("_batch_id")).first()
+            self.last_committed[name] = -1 if last is None or last[0] is None else int(last[0])
         return reduce(DataFrame.unionByName, self.parts[name])
+
+    def committed(self, name: str, batch_id: int) -> bool:
+        """Whether this batch's deletes are in the tombstone table already, so they must not be appended again: a
+        re-run's first run appended them (before a crash, or in this handler).
+
+        The same rule as Delta's for an idempotent write (``txnVersion``), without reading the table's state on
+        every commit: batches of one app run in order, so every batch up to the last one appended is done. That
+        is known from the table when it is read (at the handler's first batch, and again after a failed append)
+        and from this handler's own appends since.
+        """
+        return batch_id <= self.last_committed.get(name, -1)
+
+    def appended(self, name: str, batch_id: int) -> None:
+        """Note that this batch's deletes are committed to the table."""
+        self.last_committed[name] = max(batch_id, self.last_committed.get(name, -1))
+
+    def forget(self, name: str) -> None:
+        """Read the table again at the next batch (an append failed: whether it committed is not known)."""
+        self.parts.pop(name, None)
+        self.last_committed.pop(name, None)
 
     def add(self, name: str, winners_df: DataFrame, schema: TableSchema) -> None:
         """Add the winning deletes of a batch whose tombstones are committed."""

@@ -207,8 +207,15 @@ def append_rows(target: Target, winners_df: DataFrame, schema: TableSchema, comm
     return Applied(upserted=upserts.count())
 
 
-def append_tombstones(target: Target, winners_df: DataFrame, schema: TableSchema, commit: Commit) -> None:
-    """Retain the batch's winning deletes: an append to the tombstone log (see ``batch._winners``)."""
+def append_tombstones(
+    target: Target, winners_df: DataFrame, schema: TableSchema, commit: Commit, checked: bool = False
+) -> None:
+    """Retain the batch's winning deletes: an append to the tombstone log (see ``batch._winners``).
+
+    ``checked``: the caller knows the commit is not in the log yet, so Delta's idempotence check is skipped: that
+    check reads the table's transactions from a full snapshot state, a Spark job over its log on every commit.
+    The rows still carry ``_app_id`` and ``_batch_id``, which is what the caller checks.
+    """
     deletes = winners_df.where(F.col("_op") == "delete")
     provenance = [F.col(src[2:]).alias(name) for name, src in _PROVENANCE_SOURCES]
     _append(
@@ -221,6 +228,7 @@ def append_tombstones(target: Target, winners_df: DataFrame, schema: TableSchema
             F.lit(commit.batch_id).cast("long").alias("_batch_id"),
         ),
         commit,
+        txn=not checked,
     )
 
 
@@ -286,16 +294,21 @@ def replace_rows(target: Target, rows_df: DataFrame, commit: Commit) -> None:
 
 
 def _append(
-    target: Target, rows_df: DataFrame, commit: Commit, mode: str = "append", merge_schema: bool = False
+    target: Target,
+    rows_df: DataFrame,
+    commit: Commit,
+    mode: str = "append",
+    merge_schema: bool = False,
+    txn: bool = True,
 ) -> None:
     writer = (
         rows_df.write.format("delta")
         .mode(mode)
         .option("mergeSchema", str(merge_schema).lower())
-        .option("txnAppId", commit.app_id)
-        .option("txnVersion", commit.batch_id)
         .option("userMetadata", commit.user_metadata())
     )
+    if txn:  # Delta skips the write if this app's commit of this batch (or a later one) is in the table already
+        writer = writer.option("txnAppId", commit.app_id).option("txnVersion", commit.batch_id)
     if target.path:
         writer.save(target.path)
     else:

@@ -17,7 +17,7 @@ from replica_lib.errors import ConfigError
 from replica_lib.progress import applied_offsets
 from replica_lib.session import CHECKPOINT_FILE_MANAGER, FILE_SYSTEM_CHECKPOINT_FILES, replica_session
 from replica_lib.stream import start_replica
-from replica_lib.target import delta_table, ensure_replica_tables, read_table
+from replica_lib.target import delta_table, ensure_replica_tables, read_table, tombstone_target
 from tests.integration.support import (
     RUN_TIMEOUT_S,
     delete,
@@ -76,19 +76,25 @@ def test_the_handler_called_on_a_static_frame_applies_it_exactly_once(
     session = replica_session(spark)
     schemas = ensure_replica_tables(session, cfg)
     stats = []
+    tables = (cfg.table("orders").target, tombstone_target(cfg.table("orders")))  # the rows, the retained deletes
     handler = BatchHandler(cfg, schemas, BatchHooks(after_batch=stats.append))
     try:
         handler(_static_batch(session, cfg, topic), 0)
-        version = delta_table(spark, cfg.table("orders").target).history(1).first()["version"]
-        handler(_static_batch(session, cfg, topic), 0)  # Spark re-running the batch after a crash
+        versions = [delta_table(spark, target).history(1).first()["version"] for target in tables]
+        handler(_static_batch(session, cfg, topic), 0)  # Spark re-running the batch in the same process
     finally:
         handler.close()
+    restarted = BatchHandler(cfg, schemas, BatchHooks(after_batch=stats.append))
+    try:
+        restarted(_static_batch(session, cfg, topic), 0)  # and after a crash
+    finally:
+        restarted.close()
 
     assert_matches_model(spark, cfg, log)
-    assert delta_table(spark, cfg.table("orders").target).history(1).first()["version"] == version
+    assert [delta_table(spark, target).history(1).first()["version"] for target in tables] == versions
     quarantined = read_table(spark, cfg.quarantine).select("topic", "partition", "offset", "value").collect()
     assert len(quarantined) == 1 and bytes(quarantined[0]["value"]) == b"not json"
-    assert (stats[0].records, stats[0].quarantined, stats[1].records) == (7, 1, 7)
+    assert (stats[0].records, stats[0].quarantined, stats[1].records, stats[2].records) == (7, 1, 7, 7)
     applied = applied_offsets(spark, cfg.table("orders").target)
     assert applied is not None and applied.offsets == {topic: ends_with_bad}
 
