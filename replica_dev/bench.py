@@ -90,6 +90,8 @@ class BenchPlan:
     contenders: tuple[str, ...] = CONTENDERS
     fresh_rate: int = 1_000
     fresh_seconds: int = 30
+    #: The contenders of the freshness phase (empty: every contender of the plan).
+    fresh_contenders: tuple[str, ...] = ()
     fresh_rows: int = 1_000_000
     growth_rows: tuple[int, ...] = (100_000, 1_000_000, 10_000_000)
     #: Which key draws the growth phase runs (:data:`GROWTH_KEYS`): every file touched, or the newest keys'.
@@ -129,6 +131,9 @@ class BenchPlan:
         unknown = [c for c in self.contenders if c not in CONTENDERS]
         if unknown or not self.contenders:
             fail("--contenders", f"unknown {unknown}" if unknown else "none given", f"use {','.join(CONTENDERS)}")
+        stray = [c for c in self.fresh_contenders if c not in self.contenders]
+        if stray:
+            fail("--fresh-contenders", f"{stray} not among --contenders", f"use any of {','.join(self.contenders)}")
         unknown_keys = [keys for keys in self.growth_keys if keys not in GROWTH_KEYS]
         if unknown_keys or not self.growth_keys:
             problem = f"unknown {unknown_keys}" if unknown_keys else "none given"
@@ -624,7 +629,7 @@ class Bench:
         count = plan.fresh_rate * plan.fresh_seconds
         events = workload(max(plan.fresh_rows, 1), count, plan.delete_share, plan.value_bytes, plan.seed + 2, True)
         results = {}
-        for contender in plan.contenders:
+        for contender in plan.fresh_contenders or plan.contenders:
             name = f"fresh-{contender}"
             topic = self.topic(f"fresh-{contender}")
             logger.info(

@@ -41,6 +41,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--contenders", default=",".join(defaults.contenders), help=f"any of {','.join(CONTENDERS)} (default: all)"
     )
+    parser.add_argument(
+        "--fresh-contenders", default="", help="the freshness phase's contenders, among --contenders (default: all)"
+    )
     parser.add_argument("--fresh-rate", type=int, default=defaults.fresh_rate, help="events/s of the freshness run")
     parser.add_argument("--fresh-seconds", type=int, default=defaults.fresh_seconds, help="0 skips freshness")
     parser.add_argument("--fresh-rows", type=int, default=defaults.fresh_rows, help="rows in the table beforehand")
@@ -79,8 +82,12 @@ def main(argv: list[str]) -> int:
     settings = local_settings()
 
     def body() -> int:
-        given = {f.name: getattr(args, f.name) for f in fields(BenchPlan) if f.name != "contenders"}
-        plan = BenchPlan(**given, contenders=tuple(c.strip() for c in args.contenders.split(",") if c.strip()))
+        def names(text: str) -> tuple[str, ...]:
+            return tuple(c.strip() for c in text.split(",") if c.strip())
+
+        lists = ("contenders", "fresh_contenders")
+        given = {f.name: getattr(args, f.name) for f in fields(BenchPlan) if f.name not in lists}
+        plan = BenchPlan(**given, contenders=names(args.contenders), fresh_contenders=names(args.fresh_contenders))
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="replica-bench-"))
         out = args.out or settings.state_dir / "bench"
         print(f"working in {workdir}", flush=True)

@@ -21,6 +21,8 @@ def test_bad_arguments_name_the_flag_and_the_fix() -> None:
         BenchPlan(fold_every_batches=-1)
     with pytest.raises(ConfigError, match=r"--growth-keys.*unknown \['zipf'\].*uniform,recent"):
         BenchPlan(growth_keys=("uniform", "zipf"))
+    with pytest.raises(ConfigError, match=r"--fresh-contenders.*\['naive'\] not among --contenders"):
+        BenchPlan(contenders=("ceiling", "ours"), fresh_contenders=("ours", "naive"))
 
 
 def test_every_contender_runs_by_default_and_merge_on_read_is_one_of_them() -> None:
