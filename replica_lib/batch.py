@@ -956,7 +956,7 @@ class _Retained:
     def __init__(self) -> None:
         self.parts: dict[str, list[DataFrame]] = {}
         self.reading: dict[str, futures.Future[DataFrame]] = {}  # reads started by prefetch, not yet taken
-        #: Per table, the last batch of this handler's app whose tombstones the table held when it was read.
+        #: Per table, the last batch of this handler's app whose deletes the table holds: as read, then as appended.
         self.last_committed: dict[str, int] = {}
 
     def prefetch(self, spark: SparkSession, schemas: list[TableSchema], pool: futures.Executor) -> None:
