@@ -941,6 +941,10 @@ def _summary(observation: Observation, winners: Observation | None, schema: Tabl
     )
 
 
+#: A tombstone table as :meth:`_Retained._read` reads it: its rows, and per app id the last batch it appended.
+_RetainedRead = tuple[DataFrame, dict[str, int]]
+
+
 class _Retained:
     """Each table's retained deletes (keys and versions): read from Delta once, then kept up to date in memory.
 
@@ -955,7 +959,7 @@ class _Retained:
 
     def __init__(self) -> None:
         self.parts: dict[str, list[DataFrame]] = {}
-        self.reading: dict[str, futures.Future[DataFrame]] = {}  # reads started by prefetch, not yet taken
+        self.reading: dict[str, futures.Future[_RetainedRead]] = {}  # reads started by prefetch, not yet taken
         #: Per table, the last batch of this handler's app whose deletes the table holds: as read, then as appended.
         self.last_committed: dict[str, int] = {}
 
@@ -972,31 +976,35 @@ class _Retained:
             reading.cancel()
 
     @classmethod
-    def _read_beside(cls, spark: SparkSession, schema: TableSchema) -> DataFrame:
+    def _read_beside(cls, spark: SparkSession, schema: TableSchema) -> _RetainedRead:
         """:meth:`_read` on a thread of its own, its jobs named for what they read (no batch stage names them)."""
         spark.sparkContext.setJobDescription(f"retained deletes of {schema.table.name}")
         return cls._read(spark, schema)
 
     @staticmethod
-    def _read(spark: SparkSession, schema: TableSchema) -> DataFrame:
-        """The table's retained deletes with the commit that appended each, materialized (a local checkpoint)."""
+    def _read(spark: SparkSession, schema: TableSchema) -> _RetainedRead:
+        """The table's retained deletes with the commit that appended each, materialized (a local checkpoint), and
+        the last batch each app appended (see :meth:`committed`)."""
         target = tombstone_target(schema.table)
         tombstones = read_table(spark, target).select(*version_columns(schema.table.keys), "_app_id", "_batch_id")
         # An empty table (a new replica's) needs no scan, which on a starting JVM costs a second.
-        return spark.createDataFrame([], tombstones.schema) if is_empty(spark, target) else tombstones.localCheckpoint()
+        if is_empty(spark, target):
+            return spark.createDataFrame([], tombstones.schema), {}
+        read = tombstones.localCheckpoint()
+        last = read.groupBy("_app_id").agg(F.max("_batch_id").alias("last")).collect()
+        return read, {str(row["_app_id"]): int(row["last"]) for row in last}
 
     def of(self, spark: SparkSession, schema: TableSchema, table_app: str, batch_id: int) -> DataFrame:
         """The table's retained deletes as ``keys + _src_partition, _src_offset, _src_seq``."""
         name = schema.table.name
         if name not in self.parts:
             reading = self.reading.pop(name, None)
-            read = reading.result() if reading is not None else self._read(spark, schema)
+            read, last = reading.result() if reading is not None else self._read(spark, schema)
             # A re-run of this batch must not see the tombstones its first run wrote (see the module docstring).
-            app = F.col("_app_id") == F.lit(f"{table_app}:tombstones")
-            own = app & (F.col("_batch_id") == batch_id)
+            app = f"{table_app}:tombstones"
+            own = (F.col("_app_id") == F.lit(app)) & (F.col("_batch_id") == batch_id)
             self.parts[name] = [read.where(~own).select(*version_columns(schema.table.keys))]
-            last = read.where(app).agg(F.max("_batch_id")).first()
-            self.last_committed[name] = -1 if last is None or last[0] is None else int(last[0])
+            self.last_committed[name] = last.get(app, -1)
         return reduce(DataFrame.unionByName, self.parts[name])
 
     def committed(self, name: str, batch_id: int) -> bool:
