@@ -518,17 +518,23 @@ def _check_table(spark: SparkSession, table: TableConfig, logged: Sequence[Logge
                 duplicated,
             )
     if table.merge_on_read:  # each batch is committed to the change log, and to the table only by folds
-        seen = Counter()
-        log_history = DeltaTable.forPath(spark, str(changes_target(table).path)).history().select("userMetadata")
-        for row in log_history.where("userMetadata IS NOT NULL").collect():
-            meta = json.loads(row["userMetadata"])
-            seen[(meta["generation"], int(meta["batch_id"]))] += 1
+        seen = _batch_commits(spark, changes_target(table).path or "")
     else:  # a batch with deletes also appends them to the tombstone table, once (batch._Retained.committed)
-        tombstones = DeltaTable.forPath(spark, str(tombstone_target(table).path)).history().select("userMetadata")
-        for row in tombstones.where("userMetadata IS NOT NULL").collect():
-            meta = json.loads(row["userMetadata"])
-            seen[(f"{meta['generation']}:tombstones", int(meta["batch_id"]))] += 1
+        tombstones = _batch_commits(spark, tombstone_target(table).path or "")
+        seen.update({(f"{generation}:tombstones", batch): n for (generation, batch), n in tombstones.items()})
     report.batches_committed_twice += sum(n - 1 for n in seen.values() if n > 1)
+
+
+def _batch_commits(spark: SparkSession, path: str) -> Counter[tuple[str, int]]:
+    """How many commits of the Delta table at ``path`` carry each (generation, batch id) in their metadata."""
+    from delta.tables import DeltaTable
+
+    seen: Counter[tuple[str, int]] = Counter()
+    history = DeltaTable.forPath(spark, path).history().select("userMetadata")
+    for row in history.where("userMetadata IS NOT NULL").collect():
+        meta = json.loads(row["userMetadata"])
+        seen[(meta["generation"], int(meta["batch_id"]))] += 1
+    return seen
 
 
 def run_broker_outages(
