@@ -202,3 +202,32 @@ def newest_commit(spark: SparkSession, target: Target, replica: str) -> ReplicaC
 
 
 _RECENT = 100  # commits of history read before the whole history is
+
+#: The checkpoint generation under which replays of quarantined records commit (their batch ids: the time they
+#: started, in ms), between the batches of a replica's own generations.
+REPLAY_GENERATION = "replay"
+
+
+def last_batch(spark: SparkSession, target: Target, replica: str, generation: str) -> int:
+    """The last batch of ``replica``'s checkpoint ``generation`` committed to a table, from its history; -1 if none.
+
+    Newest first: the first commit of the generation is its last batch (batches commit in order). A commit of
+    another of the replica's generations (not a replay's) ends the search: generations follow one another, so the
+    table holds nothing of this one after that commit, nor before it.
+    """
+    from delta.tables import DeltaTable
+
+    table = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, str(target.table))
+    for history in (table.history(_RECENT), table.history()):
+        rows = history.select("version", "userMetadata").orderBy(F.col("version").desc()).collect()
+        for row in rows:
+            parsed = _parse(int(row["version"]), row["userMetadata"])
+            if parsed is None or parsed.replica != replica:
+                continue
+            if parsed.generation == generation:
+                return parsed.batch_id
+            if parsed.generation != REPLAY_GENERATION:
+                return -1
+        if len(rows) < _RECENT:
+            break  # that was the whole history
+    return -1

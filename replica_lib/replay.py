@@ -23,14 +23,12 @@ from pyspark.sql import functions as F
 
 from replica_lib.batch import BatchHandler
 from replica_lib.config import ReplicaConfig
+from replica_lib.progress import REPLAY_GENERATION
 from replica_lib.quarantine import COORDINATES, REPLAYED, Reason, reasons, resolve, select, unresolved
 from replica_lib.recovery import release_checkpoint, wait_until_stopped
 from replica_lib.target import ensure_replica_tables
 
 logger = logging.getLogger(__name__)
-
-#: The checkpoint generation under which replays commit (their batch ids: the time they started, in ms).
-REPLAY_GENERATION = "replay"
 
 
 @dataclass(frozen=True)
