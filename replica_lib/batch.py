@@ -47,7 +47,7 @@ from replica_lib.merge import (
 )
 from replica_lib.monitor import GroupOffsets
 from replica_lib.ordering import current_versions, held, latest_per_key, one_per_key, unapplied
-from replica_lib.progress import Offsets, batch_end_offsets, checkpoint_generation, offsets_json
+from replica_lib.progress import Offsets, batch_end_offsets, checkpoint_generation, last_batch, offsets_json
 from replica_lib.session import FOLD_POOL, replica_session
 from replica_lib.target import (
     Evolution,
@@ -208,6 +208,7 @@ class BatchHandler:
         self._generation: str | None = None
         self._filled: set[str] = set()  # tables known to hold data: they never need the emptiness check again
         self._retained = _Retained()
+        self._logged = _Logged(cfg.name)
         self._held = _Held()
         self._beside = futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"replica-{cfg.name}-beside")
         self._folds = _Folds(cfg.name)
@@ -526,7 +527,13 @@ class BatchHandler:
                 upserts, deletes = int(counts.get("upsert", 0)), int(counts.get("delete", 0))
         commit = Commit(app_id(self.cfg.name, table.name, batch.generation), batch.batch_id, batch.metadata)
         with batch.stage(f"{table.name}: log"), self._folds.retiring:  # not beside a fold's retirement
-            append_changes(changes_target(table), winners_df, schema, commit, batch.generation)
+            if not self._logged.committed(batch.spark, table, batch.generation, batch.batch_id):
+                try:
+                    append_changes(changes_target(table), winners_df, schema, commit, batch.generation, checked=True)
+                except BaseException:
+                    self._logged.forget(table.name)  # the commit may have landed: read the log's history again
+                    raise
+                self._logged.appended(table.name, batch.batch_id)
         batch.stats.upserts += upserts
         batch.stats.deletes += deletes
 
@@ -1040,6 +1047,36 @@ class _Retained:
         parts.append(deletes)
         if len(parts) > self.COMPACT_EVERY:
             self.parts[name] = [reduce(DataFrame.unionByName, parts).localCheckpoint()]
+
+
+class _Logged:
+    """Per merge-on-read table, the last batch of the handler's generation that its change log holds.
+
+    The same rule as Delta's for an idempotent write (``txnVersion``), without a Spark job over the log's state on
+    every commit: batches of a generation commit in order, so every batch up to the last one appended is done. That
+    is read from the log's history (each append carries its batch and generation, see
+    :func:`replica_lib.progress.last_batch`) at the handler's first batch and after a failed append, and follows the
+    handler's own appends since. A fold retires changes but not the commits that appended them.
+    """
+
+    def __init__(self, replica: str) -> None:
+        self.replica = replica
+        self.last: dict[str, int] = {}
+
+    def committed(self, spark: SparkSession, table: TableConfig, generation: str, batch_id: int) -> bool:
+        """Whether this batch's changes are in the table's change log already (a run of it before a restart, or in
+        this handler, appended them)."""
+        if table.name not in self.last:
+            self.last[table.name] = last_batch(spark, changes_target(table), self.replica, generation)
+        return batch_id <= self.last[table.name]
+
+    def appended(self, name: str, batch_id: int) -> None:
+        """Note that this batch's changes are committed to the table's change log."""
+        self.last[name] = max(batch_id, self.last.get(name, -1))
+
+    def forget(self, name: str) -> None:
+        """Read the log's history again at the next batch (an append failed: whether it committed is not known)."""
+        self.last.pop(name, None)
 
 
 def _winners(

@@ -1,7 +1,9 @@
 """Every Delta MERGE and write of the project, built here: version-gated, tombstone-aware, idempotent per batch.
 
 Each write of batch ``b`` is a Delta idempotent write (``txnAppId``, ``txnVersion = b``): a batch that Spark
-re-executes after a crash is skipped by Delta rather than applied twice. Each commit also carries the Kafka end
+re-executes after a crash is skipped by Delta rather than applied twice. The batch's appends to the tombstone table
+and to a change log can be made ``checked`` instead: the caller applies the same rule itself, without the Spark job
+over the table's state that Delta's check runs on every commit. Each commit also carries the Kafka end
 offsets of the batch in its ``userMetadata``, atomically with the data (see :mod:`replica_lib.progress`). The
 one write that is neither is :func:`compact_files`: it changes files, never rows.
 """
@@ -232,8 +234,14 @@ def append_tombstones(
     )
 
 
-def append_changes(target: Target, winners_df: DataFrame, schema: TableSchema, commit: Commit, generation: str) -> None:
-    """Log a batch's winners in a merge-on-read table's change log (an idempotent append; see replica_lib.layout)."""
+def append_changes(
+    target: Target, winners_df: DataFrame, schema: TableSchema, commit: Commit, generation: str, checked: bool = False
+) -> None:
+    """Log a batch's winners in a merge-on-read table's change log (an idempotent append; see replica_lib.layout).
+
+    ``checked``: the caller knows the batch is not in the log yet, so Delta's idempotence check, a Spark job over
+    the log's state on every commit, is skipped (as for :func:`append_tombstones`).
+    """
     columns = [F.col(f"`{f.name}`") for f in schema.kept.fields]
     provenance = [F.col(src[2:]).alias(name) for name, src in _PROVENANCE_SOURCES]
     _append(
@@ -246,6 +254,7 @@ def append_changes(target: Target, winners_df: DataFrame, schema: TableSchema, c
             F.lit(commit.batch_id).cast("long").alias("_batch_id"),
         ),
         commit,
+        txn=not checked,
     )
 
 

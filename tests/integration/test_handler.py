@@ -12,12 +12,13 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from replica_lib.batch import BatchHandler, BatchHooks
-from replica_lib.config import ReplicaConfig
+from replica_lib.config import COPY_ON_WRITE, MERGE_ON_READ, ReplicaConfig, Target
 from replica_lib.errors import ConfigError
-from replica_lib.progress import applied_offsets
+from replica_lib.merge import Commit, append_quarantine
+from replica_lib.progress import REPLAY_GENERATION, applied_offsets, last_batch
 from replica_lib.session import CHECKPOINT_FILE_MANAGER, FILE_SYSTEM_CHECKPOINT_FILES, replica_session
 from replica_lib.stream import start_replica
-from replica_lib.target import delta_table, ensure_replica_tables, read_table, tombstone_target
+from replica_lib.target import applied_target, delta_table, ensure_replica_tables, read_table, tombstone_target
 from tests.integration.support import (
     RUN_TIMEOUT_S,
     delete,
@@ -56,11 +57,13 @@ def _checkpoint_of_one_batch(cfg: ReplicaConfig, topic: str, ends: dict[int, int
     (root / "offsets" / "0").write_text(f"v1\n{{}}\n{json.dumps({topic: {str(p): o for p, o in ends.items()}})}")
 
 
+@pytest.mark.parametrize("layout", [COPY_ON_WRITE, MERGE_ON_READ])
 def test_the_handler_called_on_a_static_frame_applies_it_exactly_once(
-    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path, layout: str
 ) -> None:
     topic = topic_factory(partitions=2)
-    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "direct", {"orders": orders_table(topic)})
+    orders = orders_table(topic, layout=layout)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "direct", {"orders": orders})
     log = produce(
         connection,
         topic,
@@ -76,7 +79,8 @@ def test_the_handler_called_on_a_static_frame_applies_it_exactly_once(
     session = replica_session(spark)
     schemas = ensure_replica_tables(session, cfg)
     stats = []
-    tables = (cfg.table("orders").target, tombstone_target(cfg.table("orders")))  # the rows, the retained deletes
+    # The table each batch commits to (the rows, or the change log), and the retained deletes.
+    tables = (applied_target(cfg.table("orders")), tombstone_target(cfg.table("orders")))
     handler = BatchHandler(cfg, schemas, BatchHooks(after_batch=stats.append))
     try:
         handler(_static_batch(session, cfg, topic), 0)
@@ -95,8 +99,31 @@ def test_the_handler_called_on_a_static_frame_applies_it_exactly_once(
     quarantined = read_table(spark, cfg.quarantine).select("topic", "partition", "offset", "value").collect()
     assert len(quarantined) == 1 and bytes(quarantined[0]["value"]) == b"not json"
     assert (stats[0].records, stats[0].quarantined, stats[1].records, stats[2].records) == (7, 1, 7, 7)
-    applied = applied_offsets(spark, cfg.table("orders").target)
+    applied = applied_offsets(spark, applied_target(cfg.table("orders")))
     assert applied is not None and applied.offsets == {topic: ends_with_bad}
+
+
+def test_the_last_batch_of_a_generation_is_the_newest_commit_of_it_before_another_generation(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    log = Target(path=str(tmp_path / "log"))
+    rows = spark.createDataFrame([(1,)], "k INT")
+
+    def commit(replica: str, generation: str, batch_id: int) -> None:
+        metadata = {"replica": replica, "batch_id": batch_id, "generation": generation, "offsets": {}}
+        append_quarantine(log, rows, Commit(f"{replica}:{generation}", batch_id, metadata))
+
+    def last(generation: str, replica: str = "r") -> int:
+        return last_batch(spark, log, replica, generation)
+
+    commit("r", "g1", 0)
+    commit("r", "g1", 1)
+    commit("r", REPLAY_GENERATION, 1_800_000_000_000)  # a replay between two batches of g1
+    rows.write.format("delta").mode("append").save(log.path)  # a commit of no replica (a compaction, a user)
+    commit("other", "g9", 7)
+    assert (last("g1"), last("g2"), last(REPLAY_GENERATION), last("g9", "other")) == (1, -1, 1_800_000_000_000, 7)
+    commit("r", "g2", 0)  # a new generation (a new checkpoint) ends the search for g1's
+    assert (last("g1"), last("g2"), last(REPLAY_GENERATION)) == (-1, 0, -1)
 
 
 class _Boom(Exception):
