@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -180,12 +180,18 @@ class ReplicaCommit:
 def newest_commit(spark: SparkSession, target: Target, replica: str) -> ReplicaCommit | None:
     """The newest commit that ``replica`` made to a table (its offsets in the metadata), or None.
 
-    Other commits (a compaction, another writer) carry no replica metadata and are passed over. The recent history
-    is read first, as the newest replica commit is almost always among the last few.
+    Other commits (a compaction, another writer) carry no replica metadata and are passed over.
     """
+    return next(_replica_commits(spark, target, replica), None)
+
+
+def _replica_commits(spark: SparkSession, target: Target, replica: str) -> Iterator[ReplicaCommit]:
+    """``replica``'s commits to a table, newest first. The recent history is read first, as the commit a caller
+    looks for is almost always among the last few; the whole history only if it is not."""
     from delta.tables import DeltaTable
 
     table = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, str(target.table))
+    below: int | None = None  # the oldest version read so far: the whole history goes on from there
     for history in (table.history(_RECENT), table.history()):
         rows = (
             history.select("version", "userMetadata", (F.unix_micros("timestamp") / 1e6).alias("committed_s"))
@@ -193,12 +199,14 @@ def newest_commit(spark: SparkSession, target: Target, replica: str) -> ReplicaC
             .collect()
         )
         for row in rows:
+            if below is not None and int(row["version"]) >= below:
+                continue
             parsed = _parse(int(row["version"]), row["userMetadata"])
             if parsed is not None and parsed.replica == replica:
-                return ReplicaCommit(parsed, float(row["committed_s"]))
+                yield ReplicaCommit(parsed, float(row["committed_s"]))
         if len(rows) < _RECENT:
-            break  # that was the whole history
-    return None
+            return  # that was the whole history
+        below = int(rows[-1]["version"])
 
 
 _RECENT = 100  # commits of history read before the whole history is
@@ -215,19 +223,9 @@ def last_batch(spark: SparkSession, target: Target, replica: str, generation: st
     another of the replica's generations (not a replay's) ends the search: generations follow one another, so the
     table holds nothing of this one after that commit, nor before it.
     """
-    from delta.tables import DeltaTable
-
-    table = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, str(target.table))
-    for history in (table.history(_RECENT), table.history()):
-        rows = history.select("version", "userMetadata").orderBy(F.col("version").desc()).collect()
-        for row in rows:
-            parsed = _parse(int(row["version"]), row["userMetadata"])
-            if parsed is None or parsed.replica != replica:
-                continue
-            if parsed.generation == generation:
-                return parsed.batch_id
-            if parsed.generation != REPLAY_GENERATION:
-                return -1
-        if len(rows) < _RECENT:
-            break  # that was the whole history
+    for commit in _replica_commits(spark, target, replica):
+        if commit.applied.generation == generation:
+            return commit.applied.batch_id
+        if commit.applied.generation != REPLAY_GENERATION:
+            return -1
     return -1
