@@ -13,8 +13,10 @@ import replica_lib
 from replica_lib.config import LocalSettings
 from replica_lib.session import (
     _JVM_NOISE,
+    PYTHON_DEBUGGING,
     SCHEDULER_POOLS,
     SNAPSHOT_PARTITIONS,
+    launch_debugging,
     launch_scheduler,
     replica_session,
     scheduler_pools,
@@ -106,6 +108,15 @@ def test_the_scheduler_settings_a_launch_gives_are_kept_as_given() -> None:
     assert launch_scheduler(ours, ours) == ours  # the JVM launched here, with these
     for given in ({"spark.scheduler.mode": "FIFO"}, {"spark.scheduler.allocation.file": "/theirs.xml"}):
         assert launch_scheduler(ours, given) == {"spark.ui.enabled": "false"}  # neither of ours: theirs stand
+
+
+def test_python_call_sites_are_not_captured_unless_the_launch_asks(spark: SparkSession) -> None:
+    from pyspark.errors.utils import is_debugging_enabled
+
+    assert spark.conf.get(PYTHON_DEBUGGING) == "false" and not is_debugging_enabled()  # the run's session
+    ours = {PYTHON_DEBUGGING: "false", "spark.ui.enabled": "false"}
+    assert launch_debugging(ours, {"spark.master": "local[2]"}) == launch_debugging(ours, None) == ours
+    assert launch_debugging(ours, {PYTHON_DEBUGGING: "true"}) == {**ours, PYTHON_DEBUGGING: "true"}
 
 
 def test_a_replica_session_keeps_the_snapshot_tasks_its_parent_was_given(spark: SparkSession) -> None:
