@@ -12,6 +12,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from replica_lib.config import Target
+from replica_lib.session import java_class
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +32,7 @@ def parse_offsets(data: Mapping[str, Mapping[str, Any]]) -> Offsets:
 
 def _fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
     """(Hadoop FileSystem, Path) for ``path``: checkpoints may live on any storage Spark can use."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    hadoop_path = java_class(spark, "org.apache.hadoop.fs.Path")(path)
     return hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), hadoop_path
 
 
@@ -76,11 +75,9 @@ def rename_path(spark: SparkSession, source: str, destination: str) -> None:
 def read_text(spark: SparkSession, path: str) -> str:
     """Read a small file through Hadoop's FileSystem (``spark.read`` would skip names starting with ``_``)."""
     fs, hadoop_path = _fs(spark, path)
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
     stream = fs.open(hadoop_path)
     try:
-        return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        return str(java_class(spark, "org.apache.commons.io.IOUtils").toString(stream, "UTF-8"))
     finally:
         stream.close()
 

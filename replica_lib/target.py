@@ -24,6 +24,7 @@ from replica_lib.config import (
 )
 from replica_lib.errors import ConfigError
 from replica_lib.progress import remove_if_uncommitted
+from replica_lib.session import java_class
 
 logger = logging.getLogger(__name__)
 
@@ -249,9 +250,7 @@ def _snapshot(spark: SparkSession, target: Target) -> Any:
     if not table_exists(spark, target):
         return None
     table = delta_table(spark, target)
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    none = jvm.scala.Option.empty()
+    none = java_class(spark, "scala.Option").empty()
     return table._jdt.deltaLog().update(False, none, none)
 
 
