@@ -37,15 +37,21 @@ logger = logging.getLogger(__name__)
 
 class ReplicaQuery(StreamingQuery):
     """The replica's streaming query; :meth:`stop` also waits for a fold of merge-on-read tables still running
-    beside it (see ``replica_lib.batch``), so that what follows a stop finds no write of the replica in flight."""
+    beside it (see ``replica_lib.batch``), so that what follows a stop finds no write of the replica in flight, and
+    for the metrics of its last batch, then removes its metrics listener (as :func:`run_replica` does at its end):
+    a process that starts and stops replicas keeps no listener of a stopped one."""
 
-    def __init__(self, query: StreamingQuery, handler: BatchHandler) -> None:
+    def __init__(self, query: StreamingQuery, handler: BatchHandler, metrics: BatchMetrics) -> None:
         super().__init__(query._jsq)
         self._handler = handler
+        self._metrics: BatchMetrics | None = metrics
 
     def stop(self) -> None:
         super().stop()
         self._handler.close()
+        metrics, self._metrics = self._metrics, None
+        if metrics is not None:  # once: a second stop has nothing to wait for
+            metrics.close(self._handler.last_batch, str(self.runId))
 
 
 def start_replica(
@@ -63,8 +69,8 @@ def start_replica(
     ``register=False``: leave the replica's names out of the catalog (a throwaway replica, such as the
     benchmark's, whose tables are gone when it ends).
     """
-    query, handler, _ = _start(spark, cfg, available_now, hooks, stop_requested, register)
-    return ReplicaQuery(query, handler)
+    query, handler, metrics = _start(spark, cfg, available_now, hooks, stop_requested, register)
+    return ReplicaQuery(query, handler, metrics)
 
 
 def _start(

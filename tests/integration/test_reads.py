@@ -99,6 +99,30 @@ def test_metrics_records_match_the_log_and_the_table(
     assert Path(namespace["figure"]).stat().st_size > 0
 
 
+def test_a_started_replica_stopped_has_written_its_metrics_and_left_no_listener(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    """start_replica's stop() ends as run_replica does: the last batch's metrics are in the table, and the query's
+    metrics listener is gone from its session (a notebook that starts and stops replicas keeps none)."""
+    topic = topic_factory(partitions=2)
+    metrics_path = tmp_path / "metrics"
+    _, cfg = _replica(tmp_path, "started", connection["bootstrap.servers"], topic, metrics={"path": str(metrics_path)})
+    log = produce(connection, topic, [upsert(k, 1, "new") for k in range(100)])
+    query = start_replica(spark, cfg, available_now=True)
+    streams = query._jsq.sparkSession().streams()
+    assert len(streams.listListeners()) == 1
+    try:
+        assert query.awaitTermination(120)
+    finally:
+        query.stop()
+    assert len(streams.listListeners()) == 0
+    batches = sorted(int(p.name) for p in (Path(cfg.checkpoint) / "commits").glob("[0-9]*"))
+    records = spark.read.format("delta").load(str(metrics_path)).select("batch_id", "records").collect()
+    assert sorted(r["batch_id"] for r in records) == batches and len(batches) >= 2  # 60 offsets per trigger
+    assert sum(r["records"] for r in records) == len(log)
+    assert_matches_model(spark, cfg, log)
+
+
 def test_freshest_replica_and_read_your_writes(
     spark: SparkSession,
     connection: dict[str, str],
