@@ -64,7 +64,8 @@ def start_replica(
 ) -> StreamingQuery:
     """Check the checkpoint and the log, create missing tables, then start the replica's query.
 
-    Stop it with ``stop()``, which returns once a fold still running beside its batches has ended. The query
+    Stop it with ``stop()``, which returns once a fold still running beside its batches has ended and the metrics
+    of its last batch are written (its metrics listener then leaves the session). The query
     runs in its own session (so its Delta write confs are its own) and is named after the replica.
     ``register=False``: leave the replica's names out of the catalog (a throwaway replica, such as the
     benchmark's, whose tables are gone when it ends).
