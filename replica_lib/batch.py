@@ -4,9 +4,9 @@ Per table, the batch's winning deletes are appended to the tombstone table and t
 a crash lands between the two commits, Spark re-runs the batch: the write already committed is skipped (the MERGE
 by Delta, for the same ``txnAppId`` and batch id; the tombstones by the handler, which finds them when it reads the
 tombstone table at its first batch), and the current state read for ordering ignores the tombstones that this very
-batch wrote, so the re-run decides exactly what the first run decided. Only Kafka tombstones read the replica table's
-rows (they take the seq of the state they delete), so a batch holding some appends its tombstones first; any
-other batch makes the two writes at once, as the winners do not depend on which of them committed.
+batch wrote, so the re-run decides exactly what the first run decided. The tombstones are appended first, never
+beside the MERGE: the MERGE's idempotence is carried by the session's Delta write confs (``merge.idempotent``), which
+a write beside it in the same session would read as its own.
 """
 
 from __future__ import annotations
@@ -497,8 +497,7 @@ class BatchHandler:
             winners = _winners(batch.spark, changes_df, summary, schema, deletes_df, rows_empty, ranked)
         if winners is None:
             return
-        # A ranked table's tombstones inherit no seq from the rows (see _winners), so its writes go side by side.
-        applied = self._write(batch, table, schema, winners, rows_empty, summary.tombstones > 0 and not ranked)
+        applied = self._write(batch, table, schema, winners, rows_empty)
         if winners.deletes:
             self._retained.add(table.name, winners.df, schema)
         batch.stats.upserts += applied.upserted
@@ -549,40 +548,21 @@ class BatchHandler:
         self._folds.start(batch.spark, schemas, batch.batch_id, self.hooks.at)
 
     def _write(
-        self,
-        batch: _Batch,
-        table: TableConfig,
-        schema: TableSchema,
-        winners: _Winners,
-        rows_empty: bool,
-        kafka_tombstones: bool,
+        self, batch: _Batch, table: TableConfig, schema: TableSchema, winners: _Winners, rows_empty: bool
     ) -> Applied:
-        """Append the winning deletes to the tombstone log and merge (or append) the winners into the table.
+        """Append the winning deletes to the tombstone log, then merge (or append) the winners into the table.
 
-        Without Kafka tombstones the two writes run side by side: a re-run decides the same winners whichever
-        of them committed (module docstring). Otherwise the tombstones go first.
+        One after the other: the tombstone append is made without Delta's idempotence options (``checked``), so
+        Delta would take the MERGE's from the session's confs if it ran while the MERGE holds them.
         """
         table_app = app_id(self.cfg.name, table.name, batch.generation)
         tombstone_commit = Commit(f"{table_app}:tombstones", batch.batch_id, batch.metadata)
-        tombstones = functools.partial(self._tombstones, batch, table, schema, winners, tombstone_commit)
-        beside = None
-        if winners.deletes and not kafka_tombstones:
-            beside = self._beside.submit(inheritable_thread_target(batch.spark)(tombstones))
-        else:
-            tombstones()
+        self._tombstones(batch, table, schema, winners, tombstone_commit)
         commit = Commit(table_app, batch.batch_id, batch.metadata)
-        try:
-            with batch.stage(f"{table.name}: merge"):
-                if rows_empty:
-                    applied = append_rows(table.target, winners.df, schema, commit)
-                else:
-                    applied = self._merge(batch, table, schema, winners, commit)
-        finally:
-            if beside is not None:
-                futures.wait([beside])
-        if beside is not None:
-            beside.result()
-        return applied
+        with batch.stage(f"{table.name}: merge"):
+            if rows_empty:
+                return append_rows(table.target, winners.df, schema, commit)
+            return self._merge(batch, table, schema, winners, commit)
 
     def _merge(
         self, batch: _Batch, table: TableConfig, schema: TableSchema, winners: _Winners, commit: Commit

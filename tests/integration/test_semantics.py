@@ -511,6 +511,38 @@ def test_two_replicas_of_one_topic_converge(
     assert_df_equality(replica_df(spark, a, "orders"), replica_df(spark, b, "orders"), ignore_row_order=True)
 
 
+def test_the_tombstone_log_never_takes_the_merges_transaction(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    """The MERGE's idempotence lives in its session's Delta write confs while it runs; the tombstone append, made
+    without Delta's options, must not run then: it would commit the MERGE's transaction as its own, or fail when it
+    saw one conf set and not the other."""
+    topic = topic_factory(partitions=2)
+    cfg = replica_config(
+        tmp_path, connection["bootstrap.servers"], "apart", {"orders": orders_table(topic)}, max_offsets_per_trigger=40
+    )
+    changes = []
+    for round_ in range(8):  # every batch upserts and deletes (no Kafka tombstones)
+        for key in range(20):
+            seq = 2 * round_ + 1
+            changes.append(upsert(key, seq, f"r{round_}"))
+            if key % 3 == round_ % 3:
+                changes.append(delete(key, seq + 1))
+    log = produce(connection, topic, changes)
+    run_available_now(spark, cfg)
+    assert_matches_model(spark, cfg, log)
+    tombstones = tombstone_target(cfg.table("orders"))
+    assert tombstones.path
+    transactions = [
+        action["txn"]
+        for commit in sorted(Path(tombstones.path, "_delta_log").glob("*.json"))
+        for action in map(json.loads, commit.read_text().splitlines())
+        if "txn" in action
+    ]
+    assert transactions == []
+    assert read_table(spark, tombstones).count() > 0  # the batches did append tombstones
+
+
 def test_seeded_random_run_equals_the_model(
     spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path, monkeypatch: Any
 ) -> None:
