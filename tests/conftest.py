@@ -37,10 +37,11 @@ def default_jvm_environ() -> dict[str, str]:
 
 
 @contextmanager
-def _default_jvm() -> Iterator[None]:
+def _default_jvm(*options: str) -> Iterator[None]:
     launched = os.environ.pop("SPARK_SUBMIT_OPTS")
-    if _OWN_SUBMIT_OPTS is not None:
-        os.environ["SPARK_SUBMIT_OPTS"] = _OWN_SUBMIT_OPTS
+    own = " ".join(filter(None, (_OWN_SUBMIT_OPTS, *options)))
+    if own:
+        os.environ["SPARK_SUBMIT_OPTS"] = own
     try:
         yield
     finally:
@@ -60,6 +61,12 @@ def settings(catalog_dir: Path) -> LocalSettings:
     return local_settings()
 
 
+# The run's session collects its garbage with the parallel collector: G1's concurrent marking took 52 s of CPU and
+# its workers 24 s in 7.5 minutes of test_semantics.py, on a machine whose two cores the tests keep busy. In a new
+# session each time: test_semantics.py 419 s with G1, 379 s with this; test_layouts.py 295 s and 298 s, then 259 s
+# and 249 s.
+SESSION_GC = "-XX:+UseParallelGC"
+
 # The run's session evaluates expressions without generating code: its queries read a few rows each, and most are
 # planned once, so compiling their generated classes (Janino, then the JVM's JIT on the result) costs more than it
 # saves (two tests of test_semantics.py in a new session: 132 s with code generation, 100 s without). Both modes are
@@ -70,7 +77,7 @@ NO_CODEGEN = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factor
 
 @pytest.fixture(scope="session")
 def spark(settings: LocalSettings) -> Iterator[SparkSession]:
-    with _default_jvm():  # pyspark starts the session's JVM with os.environ
+    with _default_jvm(SESSION_GC):  # pyspark starts the session's JVM with os.environ
         session = build_session(
             "replica-tests",
             settings,
