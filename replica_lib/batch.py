@@ -816,7 +816,8 @@ class _Winners:
         return self.df.where(F.col("_op") == "delete").count() if self.deletes else 0
 
 
-#: Records per partition of a batch: small batches run in one partition, as most of their cost is per task.
+#: Records per partition of a batch, rounded up: a batch of up to this many runs in one partition, as most of its
+#: cost is per task; a larger one takes another core (a batch of 19,998 records ran its shuffles on one of two).
 RECORDS_PER_PARTITION = 10_000
 
 
@@ -834,7 +835,7 @@ def _size_for(spark: SparkSession, records: int) -> None:
     if spark.conf.get(BATCH_SIZING, "auto") == "off":
         return
     cores = max(1, spark.sparkContext.defaultParallelism)
-    partitions = min(cores, max(1, records // RECORDS_PER_PARTITION))
+    partitions = min(cores, max(1, -(-records // RECORDS_PER_PARTITION)))  # a partition per started 10,000
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     spark.conf.set("spark.sql.adaptive.enabled", "false")
 
