@@ -178,7 +178,8 @@ class BatchHandler:
     """The ``foreachBatch`` function of one replica: decode, quarantine, then per table order and write, compact.
 
     It holds no Spark state between batches except what it can rebuild (the checkpoint generation, which tables
-    are known to hold data, the retained deletes), and owns the threads that run a write beside a MERGE.
+    are known to hold data, the retained deletes), and owns the threads that read the retained deletes beside the
+    query's start.
     """
 
     def __init__(
