@@ -24,6 +24,7 @@ import logging
 import math
 import random
 import shutil
+import statistics
 import string
 import time
 import uuid
@@ -105,6 +106,9 @@ class BenchPlan:
     fold_every_batches: int = 10
     #: The measured runs (after one unmeasured) of each fixed-cost action and reader query: the median is reported.
     repeats: int = REPEATS
+    #: Catch-up rounds: every contender's catch-up (and the rebuild) runs this many times, one round after the
+    #: other; each catch-up ratio is the median of the rounds' own ratios, as one run's ratio moves by +-15%.
+    rounds: int = 1
 
     def __post_init__(self) -> None:
         def fail(name: str, problem: str, fix: str) -> None:
@@ -118,6 +122,7 @@ class BenchPlan:
             "growth_batch_size",
             "growth_batches",
             "repeats",
+            "rounds",
         ):
             if getattr(self, name) < 1:
                 fail(f"--{name.replace('_', '-')}", f"must be at least 1, got {getattr(self, name)}", "pass 1 or more")
@@ -561,23 +566,31 @@ class Bench:
                     self.produce(warm_topics[fmt], warm, formats[fmt])
                 self.run_once(contender, warm_topics[fmt], f"warmup-{contender}", plan.batch_size)
         logger.info("catch-up: %d events, %d per batch", plan.events, plan.batch_size)
-        results = {}
-        for contender in plan.contenders:
-            topic = topics["peer" if contender == "peer" else "native"]
-            name = f"catchup-{contender}"
-            results[contender] = self.run_once(contender, topic, name, plan.batch_size).summary()
-            results[contender]["check"] = self.check(contender, name, events)
+        rounds = []
+        for number in range(1, plan.rounds + 1):
+            if plan.rounds > 1:
+                logger.info("catch-up round %d of %d", number, plan.rounds)
+            results = {}
+            for contender in plan.contenders:
+                topic = topics["peer" if contender == "peer" else "native"]
+                name = f"catchup-{contender}"  # a new table and checkpoint each round; the readers read the last
+                results[contender] = self.run_once(contender, topic, name, plan.batch_size).summary()
+                results[contender]["check"] = self.check(contender, name, events)
+            if "ours" in plan.contenders:
+                logger.info(
+                    "rebuild: the whole log in one batch, ceiling and ours (replica_lib.rebuild, as jobs/rebuild.py)"
+                )
+                bulk = self.run_once("ceiling", topics["native"], "rebuild-ceiling", None)
+                results["ceiling_bulk"] = bulk.summary()
+                results["ceiling_bulk"]["check"] = None  # raw records appended: nothing to check
+                results["rebuild"] = self.run_rebuild(topics["native"], "rebuild-ours").summary()
+                results["rebuild"]["check"] = self.check("ours", "rebuild-ours", events)
+            rounds.append(results)
         expected = live_seqs(events)
         self.probe_key = next((e.key for e in reversed(events) if expected.get(e.key) == e.seq), None)
-        if "ours" in plan.contenders:
-            logger.info(
-                "rebuild: the whole log in one batch, ceiling and ours (replica_lib.rebuild, as jobs/rebuild.py)"
-            )
-            results["ceiling_bulk"] = self.run_once("ceiling", topics["native"], "rebuild-ceiling", None).summary()
-            results["ceiling_bulk"]["check"] = None  # raw records appended: nothing to check
-            results["rebuild"] = self.run_rebuild(topics["native"], "rebuild-ours").summary()
-            results["rebuild"]["check"] = self.check("ours", "rebuild-ours", events)
-        report["catch_up"] = results
+        report["catch_up"] = median_round(rounds)
+        if len(rounds) > 1:
+            report["catch_up_rounds"] = rounds
 
     def readers(self, report: dict[str, Any]) -> None:
         """What a reader of our caught-up tables pays: an aggregate and a point lookup of the state.
@@ -882,23 +895,52 @@ def batch_shape(spark: SparkSession) -> list[dict[str, Any]]:
     return summary(read_batches(log))
 
 
-def ratios(report: dict[str, Any]) -> dict[str, float | None]:
-    """The issue's targets as ratios of this run's figures."""
-    catch = report.get("catch_up", {})
+def median_round(rounds: Sequence[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Each contender's catch-up as its median round (by events/s; the lower middle of an even count) showed it,
+    with every round's events/s beside it when there were several."""
+    result = {}
+    for name in rounds[0]:
+        runs = [r[name] for r in rounds if name in r]
+        chosen = sorted(runs, key=lambda run: float(run.get("events_per_s") or 0))[(len(runs) - 1) // 2]
+        every = {"rounds_events_per_s": [run["events_per_s"] for run in runs]} if len(runs) > 1 else {}
+        result[name] = {**chosen, **every}
+    return result
+
+
+def _div(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a is not None and b else None
+
+
+def catch_up_ratios(catch: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """The catch-up targets as ratios of one round's figures."""
 
     def rate(name: str) -> float | None:
         value = catch.get(name, {}).get("events_per_s")
         return float(value) if value else None
 
-    def div(a: float | None, b: float | None) -> float | None:
-        return round(a / b, 2) if a is not None and b else None
-
     best = max((r for r in (rate("ours"), rate("ours-mor")) if r is not None), default=None)
     result: dict[str, float | None] = {}
     for label, ours in (("ours", rate("ours")), ("ours_mor", rate("ours-mor")), ("best", best)):
         for other in ("ceiling", "naive", "peer"):
-            result[f"{label}_vs_{other}"] = div(ours, rate(other))
-    result["rebuild_vs_ceiling"] = div(rate("rebuild"), rate("ceiling_bulk"))
+            result[f"{label}_vs_{other}"] = _div(ours, rate(other))
+    result["rebuild_vs_ceiling"] = _div(rate("rebuild"), rate("ceiling_bulk"))
+    return result
+
+
+def round_ratios(report: dict[str, Any]) -> dict[str, list[float | None]]:
+    """Each catch-up ratio in every round, in the order the rounds ran (empty for a run of one round)."""
+    rounds = report.get("catch_up_rounds") or []
+    per_round = [catch_up_ratios(r) for r in rounds]
+    return {key: [r[key] for r in per_round] for key in per_round[0]} if per_round else {}
+
+
+def ratios(report: dict[str, Any]) -> dict[str, float | None]:
+    """The issue's targets as ratios of this run's figures: the catch-up's as the median of its rounds' ratios,
+    each taken within one round (the median of an even count: the mean of the middle two)."""
+    result = catch_up_ratios(report.get("catch_up", {}))
+    for key, values in round_ratios(report).items():
+        known = [v for v in values if v is not None]
+        result[key] = round(statistics.median(known), 2) if known else None
     fresh = report.get("freshness")
     if fresh:
 
@@ -906,17 +948,17 @@ def ratios(report: dict[str, Any]) -> dict[str, float | None]:
             value = fresh.get(name, {}).get("fresh_p99_s")
             return float(value) if value is not None else None
 
-        result["ours_fresh_p99_vs_ceiling"] = div(p99("ours"), p99("ceiling"))
-        result["ours_mor_fresh_p99_vs_ceiling"] = div(p99("ours-mor"), p99("ceiling"))
+        result["ours_fresh_p99_vs_ceiling"] = _div(p99("ours"), p99("ceiling"))
+        result["ours_mor_fresh_p99_vs_ceiling"] = _div(p99("ours-mor"), p99("ceiling"))
     for entry in GROWTH_REPORTS.values():
         for keys, sizes in report.get(entry, {}).items():
             ordered = sorted(sizes, key=int)
             if not ordered:
                 continue
             largest, smallest = sizes[ordered[-1]], sizes[ordered[0]]
-            result[f"{entry}_{keys}_largest_vs_smallest"] = div(largest["batch_p50_s"], smallest["batch_p50_s"])
+            result[f"{entry}_{keys}_largest_vs_smallest"] = _div(largest["batch_p50_s"], smallest["batch_p50_s"])
             if "fold_s" in largest:
-                result[f"{entry}_{keys}_fold_largest_vs_smallest"] = div(largest["fold_s"], smallest["fold_s"])
+                result[f"{entry}_{keys}_fold_largest_vs_smallest"] = _div(largest["fold_s"], smallest["fold_s"])
     return result
 
 
@@ -960,8 +1002,11 @@ def summary_lines(report: dict[str, Any]) -> Iterator[str]:
                     f"growth, {contender}, {keys} keys, {int(rows):>11,} rows: batch p50 {g['batch_p50_s']}s, "
                     f"max {g['batch_max_s']}s{fold_part}"
                 )
+    spread = round_ratios(report)
     for name, value in report.get("ratios", {}).items():
-        yield f"{name}: {value}"
+        known = [v for v in spread.get(name, []) if v is not None]
+        rounds = f" (median of {len(known)} rounds: {', '.join(f'{v:.2f}' for v in known)})" if known else ""
+        yield f"{name}: {value}{rounds}"
     shape = report.get("shape")
     if shape:
         from replica_dev.eventlog import format_summary

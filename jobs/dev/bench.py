@@ -71,6 +71,12 @@ def main(argv: list[str]) -> int:
         default=defaults.repeats,
         help="measured runs of each fixed-cost action and reader query (the median is reported)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=defaults.rounds,
+        help="run the catch-up (every contender, and the rebuild) this many times; ratios are the rounds' median",
+    )
     parser.add_argument("--bootstrap-servers", help="use this broker instead of starting one")
     parser.add_argument("--workdir", type=Path, help="tables and checkpoints (default: a new temporary folder)")
     parser.add_argument("--out", type=Path, help="where the JSON and PNG go (default: .state/bench)")

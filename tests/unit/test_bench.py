@@ -6,7 +6,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from replica_dev.bench import CONTENDERS, BenchPlan, Event, freshness_lags, percentile, ratios, summary_lines, workload
+from replica_dev.bench import (
+    CONTENDERS,
+    BenchPlan,
+    Event,
+    freshness_lags,
+    median_round,
+    percentile,
+    ratios,
+    round_ratios,
+    summary_lines,
+    workload,
+)
 from replica_lib.errors import ConfigError
 
 
@@ -157,3 +168,28 @@ def test_the_summary_shows_both_layouts_and_their_readers() -> None:
         "readers (median of 5): ours aggregate 0.41 s, point 0.20 s; ours-mor pending (7 changes) aggregate 0.90 s, "
         "point 0.50 s, folded aggregate 0.40 s, point 0.21 s; fold 2.30 s"
     ) in lines
+
+
+def test_catch_up_rounds_report_the_median_of_each_rounds_own_ratio() -> None:
+    def round_of(ceiling: float, naive: float, mor: float) -> dict[str, dict[str, float]]:
+        return {n: {"events_per_s": v} for n, v in (("ceiling", ceiling), ("naive", naive), ("ours-mor", mor))}
+
+    # A slow second round (the machine busy): each ratio is taken within a round, never across two.
+    rounds = [round_of(1000.0, 500.0, 700.0), round_of(500.0, 250.0, 300.0), round_of(1000.0, 400.0, 600.0)]
+    catch_up = median_round(rounds)
+    assert catch_up["naive"] == {"events_per_s": 400.0, "rounds_events_per_s": [500.0, 250.0, 400.0]}
+    assert catch_up["ours-mor"]["events_per_s"] == 600.0
+    report = {"catch_up": catch_up, "catch_up_rounds": rounds}
+    assert round_ratios(report)["ours_mor_vs_naive"] == [1.4, 1.2, 1.5]
+    result = ratios(report)
+    assert (result["ours_mor_vs_naive"], result["ours_mor_vs_ceiling"], result["best_vs_naive"]) == (1.4, 0.6, 1.4)
+    assert result["ours_vs_naive"] is None
+    assert "ours_mor_vs_naive: 1.4 (median of 3 rounds: 1.40, 1.20, 1.50)" in list(
+        summary_lines({**report, "ratios": result})
+    )
+    # One round: its own figures, no spread.
+    single = {"catch_up": median_round(rounds[:1])}
+    assert single["catch_up"]["naive"] == {"events_per_s": 500.0}
+    assert round_ratios(single) == {} and ratios(single)["ours_mor_vs_naive"] == 1.4
+    with pytest.raises(ConfigError, match=r"--rounds.*at least 1"):
+        BenchPlan(rounds=0)
