@@ -107,7 +107,7 @@ class BenchPlan:
     #: The measured runs (after one unmeasured) of each fixed-cost action and reader query: the median is reported.
     repeats: int = REPEATS
     #: Catch-up rounds: every contender's catch-up (and the rebuild) runs this many times, one round after the
-    #: other; each catch-up ratio is the median of the rounds' own ratios, as one run's ratio moves by +-15%.
+    #: other; each catch-up ratio is the median of the rounds' own ratios, so that it is not a single sample.
     rounds: int = 1
 
     def __post_init__(self) -> None:
