@@ -106,8 +106,8 @@ class BenchPlan:
     fold_every_batches: int = 10
     #: The measured runs (after one unmeasured) of each fixed-cost action and reader query: the median is reported.
     repeats: int = REPEATS
-    #: Catch-up rounds: every contender's catch-up (and the rebuild) runs this many times, one round after the
-    #: other; each catch-up ratio is the median of the rounds' own ratios, so that it is not a single sample.
+    #: Rounds: the catch-up (every contender, and the rebuild) and the freshness phase each run this many times,
+    #: one round after the other; each of their ratios is the median of the rounds' own, so it is not one sample.
     rounds: int = 1
 
     def __post_init__(self) -> None:
@@ -641,10 +641,22 @@ class Bench:
         plan = self.plan
         count = plan.fresh_rate * plan.fresh_seconds
         events = workload(max(plan.fresh_rows, 1), count, plan.delete_share, plan.value_bytes, plan.seed + 2, True)
+        rounds = []
+        for number in range(1, plan.rounds + 1):
+            if plan.rounds > 1:
+                logger.info("freshness round %d of %d", number, plan.rounds)
+            rounds.append(self.fresh_round(events, "" if number == 1 else f"-{number}"))
+        report["freshness"] = median_round(rounds, "fresh_p99_s")
+        if len(rounds) > 1:
+            report["freshness_rounds"] = rounds
+
+    def fresh_round(self, events: Sequence[Event], suffix: str) -> dict[str, dict[str, Any]]:
+        """Each freshness contender in turn, on a topic of its own for this round."""
+        plan = self.plan
         results = {}
         for contender in plan.fresh_contenders or plan.contenders:
             name = f"fresh-{contender}"
-            topic = self.topic(f"fresh-{contender}")
+            topic = self.topic(f"fresh-{contender}{suffix}")
             logger.info(
                 "freshness: %s at %d events/s for %ds into %d rows",
                 contender,
@@ -674,7 +686,7 @@ class Bench:
             }
             logger.info("  %s: %s", contender, results[contender])
             shutil.rmtree(self.workdir / name, ignore_errors=True)
-        report["freshness"] = results
+        return results
 
     def growth(self, report: dict[str, Any]) -> None:
         """Ours on each layout, same batch size, growing tables: keys drawn uniformly (every file touched), then
@@ -895,14 +907,14 @@ def batch_shape(spark: SparkSession) -> list[dict[str, Any]]:
     return summary(read_batches(log))
 
 
-def median_round(rounds: Sequence[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Each contender's catch-up as its median round (by events/s; the lower middle of an even count) showed it,
-    with every round's events/s beside it when there were several."""
+def median_round(rounds: Sequence[dict[str, dict[str, Any]]], by: str = "events_per_s") -> dict[str, dict[str, Any]]:
+    """Each contender as its median round (by the figure ``by``; the lower middle of an even count) showed it,
+    with every round's figure beside it (``rounds_<by>``) when there were several."""
     result = {}
     for name in rounds[0]:
         runs = [r[name] for r in rounds if name in r]
-        chosen = sorted(runs, key=lambda run: float(run.get("events_per_s") or 0))[(len(runs) - 1) // 2]
-        every = {"rounds_events_per_s": [run["events_per_s"] for run in runs]} if len(runs) > 1 else {}
+        chosen = sorted(runs, key=lambda run: float(run.get(by) or 0))[(len(runs) - 1) // 2]
+        every = {f"rounds_{by}": [run.get(by) for run in runs]} if len(runs) > 1 else {}
         result[name] = {**chosen, **every}
     return result
 
@@ -927,29 +939,39 @@ def catch_up_ratios(catch: dict[str, dict[str, Any]]) -> dict[str, float | None]
     return result
 
 
+def fresh_ratios(fresh: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """The freshness targets as ratios of one round's p99s."""
+
+    def p99(name: str) -> float | None:
+        value = fresh.get(name, {}).get("fresh_p99_s")
+        return float(value) if value is not None else None
+
+    return {
+        "ours_fresh_p99_vs_ceiling": _div(p99("ours"), p99("ceiling")),
+        "ours_mor_fresh_p99_vs_ceiling": _div(p99("ours-mor"), p99("ceiling")),
+    }
+
+
 def round_ratios(report: dict[str, Any]) -> dict[str, list[float | None]]:
-    """Each catch-up ratio in every round, in the order the rounds ran (empty for a run of one round)."""
-    rounds = report.get("catch_up_rounds") or []
-    per_round = [catch_up_ratios(r) for r in rounds]
-    return {key: [r[key] for r in per_round] for key in per_round[0]} if per_round else {}
+    """Each catch-up and freshness ratio in every round, in the order the rounds ran (none for one round)."""
+    result: dict[str, list[float | None]] = {}
+    for rounds_key, of_round in (("catch_up_rounds", catch_up_ratios), ("freshness_rounds", fresh_ratios)):
+        per_round = [of_round(r) for r in report.get(rounds_key) or []]
+        if per_round:
+            result |= {key: [r[key] for r in per_round] for key in per_round[0]}
+    return result
 
 
 def ratios(report: dict[str, Any]) -> dict[str, float | None]:
-    """The issue's targets as ratios of this run's figures: the catch-up's as the median of its rounds' ratios,
-    each taken within one round (the median of an even count: the mean of the middle two)."""
+    """The issue's targets as ratios of this run's figures: those of the catch-up and the freshness as the median
+    of their rounds' ratios, each taken within one round (the median of an even count: the mean of the middle two)."""
     result = catch_up_ratios(report.get("catch_up", {}))
+    fresh = report.get("freshness")
+    if fresh:
+        result |= fresh_ratios(fresh)
     for key, values in round_ratios(report).items():
         known = [v for v in values if v is not None]
         result[key] = round(statistics.median(known), 2) if known else None
-    fresh = report.get("freshness")
-    if fresh:
-
-        def p99(name: str) -> float | None:
-            value = fresh.get(name, {}).get("fresh_p99_s")
-            return float(value) if value is not None else None
-
-        result["ours_fresh_p99_vs_ceiling"] = _div(p99("ours"), p99("ceiling"))
-        result["ours_mor_fresh_p99_vs_ceiling"] = _div(p99("ours-mor"), p99("ceiling"))
     for entry in GROWTH_REPORTS.values():
         for keys, sizes in report.get(entry, {}).items():
             ordered = sorted(sizes, key=int)

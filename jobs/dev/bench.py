@@ -75,7 +75,8 @@ def main(argv: list[str]) -> int:
         "--rounds",
         type=int,
         default=defaults.rounds,
-        help="run the catch-up (every contender, and the rebuild) this many times; ratios are the rounds' median",
+        help="run the catch-up (every contender, and the rebuild) and the freshness phase this many times each; "
+        "their ratios are the median of the rounds'",
     )
     parser.add_argument("--bootstrap-servers", help="use this broker instead of starting one")
     parser.add_argument("--workdir", type=Path, help="tables and checkpoints (default: a new temporary folder)")

@@ -193,3 +193,17 @@ def test_catch_up_rounds_report_the_median_of_each_rounds_own_ratio() -> None:
     assert round_ratios(single) == {} and ratios(single)["ours_mor_vs_naive"] == 1.4
     with pytest.raises(ConfigError, match=r"--rounds.*at least 1"):
         BenchPlan(rounds=0)
+
+
+def test_freshness_rounds_report_the_median_of_each_rounds_own_p99_ratio() -> None:
+    def round_of(ceiling: float, mor: float) -> dict[str, dict[str, float]]:
+        return {"ceiling": {"fresh_p99_s": ceiling}, "ours-mor": {"fresh_p99_s": mor}}
+
+    # Where a fold falls in a round's window sets merge-on-read's tail: one round's ratio is one sample.
+    rounds = [round_of(5.0, 9.0), round_of(4.0, 4.8), round_of(6.0, 6.6)]
+    fresh = median_round(rounds, "fresh_p99_s")
+    assert fresh["ours-mor"] == {"fresh_p99_s": 6.6, "rounds_fresh_p99_s": [9.0, 4.8, 6.6]}
+    report = {"catch_up": {}, "freshness": fresh, "freshness_rounds": rounds}
+    assert round_ratios(report)["ours_mor_fresh_p99_vs_ceiling"] == [1.8, 1.2, 1.1]
+    result = ratios(report)
+    assert result["ours_mor_fresh_p99_vs_ceiling"] == 1.2 and result["ours_fresh_p99_vs_ceiling"] is None
