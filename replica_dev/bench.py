@@ -566,31 +566,43 @@ class Bench:
                     self.produce(warm_topics[fmt], warm, formats[fmt])
                 self.run_once(contender, warm_topics[fmt], f"warmup-{contender}", plan.batch_size)
         logger.info("catch-up: %d events, %d per batch", plan.events, plan.batch_size)
-        rounds = []
-        for number in range(1, plan.rounds + 1):
-            if plan.rounds > 1:
-                logger.info("catch-up round %d of %d", number, plan.rounds)
-            results = {}
-            for contender in plan.contenders:
-                topic = topics["peer" if contender == "peer" else "native"]
-                name = f"catchup-{contender}"  # a new table and checkpoint each round; the readers read the last
-                results[contender] = self.run_once(contender, topic, name, plan.batch_size).summary()
-                results[contender]["check"] = self.check(contender, name, events)
-            if "ours" in plan.contenders:
-                logger.info(
-                    "rebuild: the whole log in one batch, ceiling and ours (replica_lib.rebuild, as jobs/rebuild.py)"
-                )
-                bulk = self.run_once("ceiling", topics["native"], "rebuild-ceiling", None)
-                results["ceiling_bulk"] = bulk.summary()
-                results["ceiling_bulk"]["check"] = None  # raw records appended: nothing to check
-                results["rebuild"] = self.run_rebuild(topics["native"], "rebuild-ours").summary()
-                results["rebuild"]["check"] = self.check("ours", "rebuild-ours", events)
-            rounds.append(results)
+        self.in_rounds(report, "catch_up", "events_per_s", lambda _: self.catch_up_round(topics, events))
         expected = live_seqs(events)
         self.probe_key = next((e.key for e in reversed(events) if expected.get(e.key) == e.seq), None)
-        report["catch_up"] = median_round(rounds)
+
+    def catch_up_round(self, topics: dict[str, str], events: Sequence[Event]) -> dict[str, dict[str, Any]]:
+        """Each contender's catch-up in turn (a new table and checkpoint each round), then the rebuild."""
+        plan = self.plan
+        results = {}
+        for contender in plan.contenders:
+            topic = topics["peer" if contender == "peer" else "native"]
+            name = f"catchup-{contender}"  # the same name each round: the readers read the last round's table
+            results[contender] = self.run_once(contender, topic, name, plan.batch_size).summary()
+            results[contender]["check"] = self.check(contender, name, events)
+        if "ours" in plan.contenders:
+            logger.info(
+                "rebuild: the whole log in one batch, ceiling and ours (replica_lib.rebuild, as jobs/rebuild.py)"
+            )
+            bulk = self.run_once("ceiling", topics["native"], "rebuild-ceiling", None)
+            results["ceiling_bulk"] = bulk.summary()
+            results["ceiling_bulk"]["check"] = None  # raw records appended: nothing to check
+            results["rebuild"] = self.run_rebuild(topics["native"], "rebuild-ours").summary()
+            results["rebuild"]["check"] = self.check("ours", "rebuild-ours", events)
+        return results
+
+    def in_rounds(
+        self, report: dict[str, Any], phase: str, by: str, run_round: Callable[[int], dict[str, dict[str, Any]]]
+    ) -> None:
+        """Run ``phase`` the plan's number of rounds: ``report[phase]`` is each contender's median round (by the
+        figure ``by``), ``report[phase + "_rounds"]`` every round, when there are several."""
+        rounds = []
+        for number in range(1, self.plan.rounds + 1):
+            if self.plan.rounds > 1:
+                logger.info("%s round %d of %d", phase.replace("_", "-"), number, self.plan.rounds)
+            rounds.append(run_round(number))
+        report[phase] = median_round(rounds, by)
         if len(rounds) > 1:
-            report["catch_up_rounds"] = rounds
+            report[f"{phase}_rounds"] = rounds
 
     def readers(self, report: dict[str, Any]) -> None:
         """What a reader of our caught-up tables pays: an aggregate and a point lookup of the state.
@@ -641,14 +653,12 @@ class Bench:
         plan = self.plan
         count = plan.fresh_rate * plan.fresh_seconds
         events = workload(max(plan.fresh_rows, 1), count, plan.delete_share, plan.value_bytes, plan.seed + 2, True)
-        rounds = []
-        for number in range(1, plan.rounds + 1):
-            if plan.rounds > 1:
-                logger.info("freshness round %d of %d", number, plan.rounds)
-            rounds.append(self.fresh_round(events, "" if number == 1 else f"-{number}"))
-        report["freshness"] = median_round(rounds, "fresh_p99_s")
-        if len(rounds) > 1:
-            report["freshness_rounds"] = rounds
+        self.in_rounds(
+            report,
+            "freshness",
+            "fresh_p99_s",
+            lambda number: self.fresh_round(events, "" if number == 1 else f"-{number}"),
+        )
 
     def fresh_round(self, events: Sequence[Event], suffix: str) -> dict[str, dict[str, Any]]:
         """Each freshness contender in turn, on a topic of its own for this round."""
