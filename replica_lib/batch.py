@@ -209,8 +209,7 @@ class BatchHandler:
         self._generation: str | None = None
         self._filled: set[str] = set()  # tables known to hold data: they never need the emptiness check again
         self._retained = _Retained()
-        self._logged = _Committed(cfg.name, changes_target)
-        self._merged = _Committed(cfg.name, lambda table: table.target)
+        self._logged = _Logged(cfg.name)
         self._held = _Held()
         self._beside = futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"replica-{cfg.name}-beside")
         self._folds = _Folds(cfg.name)
@@ -534,7 +533,7 @@ class BatchHandler:
                 except BaseException:
                     self._logged.forget(table.name)  # the commit may have landed: read the log's history again
                     raise
-                self._logged.written(table.name, batch.batch_id)
+                self._logged.appended(table.name, batch.batch_id)
         batch.stats.upserts += upserts
         batch.stats.deletes += deletes
 
@@ -569,30 +568,17 @@ class BatchHandler:
     def _merge(
         self, batch: _Batch, table: TableConfig, schema: TableSchema, winners: _Winners, commit: Commit
     ) -> Applied:
-        """MERGE the winners, unless a run of this batch before a restart did (see :class:`_Committed`); again on the
-        table's new version when a concurrent commit won (an operator's OPTIMIZE removed files the MERGE read): the
-        MERGE did not commit."""
-        if self._merged.committed(batch.spark, table, batch.generation, batch.batch_id):
-            return Applied()
+        """MERGE the winners, again on the table's new version when a concurrent commit won (an operator's OPTIMIZE
+        removed files the MERGE read): the MERGE did not commit, and its write is idempotent."""
         attempt = 1
         while True:
             try:
                 with typed_conflicts():
-                    applied = merge_rows(
-                        batch.spark,
-                        table.target,
-                        winners.df,
-                        schema,
-                        commit,
-                        winners.rows,
-                        winners.key_range,
-                        checked=True,
+                    return merge_rows(
+                        batch.spark, table.target, winners.df, schema, commit, winners.rows, winners.key_range
                     )
-                self._merged.written(table.name, batch.batch_id)
-                return applied
             except ConcurrentCommitError as conflict:
                 if attempt >= MERGE_ATTEMPTS:
-                    self._merged.forget(table.name)
                     raise
                 attempt += 1
                 logger.warning(
@@ -603,9 +589,6 @@ class BatchHandler:
                     attempt,
                     MERGE_ATTEMPTS,
                 )
-            except BaseException:
-                self._merged.forget(table.name)  # the commit may have landed: read the table's history again
-                raise
 
     def _tombstones(
         self, batch: _Batch, table: TableConfig, schema: TableSchema, winners: _Winners, commit: Commit
@@ -1048,35 +1031,33 @@ class _Retained:
             self.parts[name] = [reduce(DataFrame.unionByName, parts).localCheckpoint()]
 
 
-class _Committed:
-    """Per table, the last batch of the handler's generation that one of its targets holds (the table itself, or a
-    merge-on-read table's change log).
+class _Logged:
+    """Per merge-on-read table, the last batch of the handler's generation that its change log holds.
 
-    The same rule as Delta's for an idempotent write (``txnVersion``), without the Spark job over the table's state
-    that Delta's check runs on every commit: batches of a generation commit in order, so every batch up to the last
-    one committed is done. That is read from the target's history (each commit carries its batch and generation,
-    see :func:`replica_lib.progress.last_batch`) at the handler's first batch and after a failed write, and follows
-    the handler's own commits since. A fold retires a change log's changes but not the commits that appended them.
+    The same rule as Delta's for an idempotent write (``txnVersion``), without a Spark job over the log's state on
+    every commit: batches of a generation commit in order, so every batch up to the last one appended is done. That
+    is read from the log's history (each append carries its batch and generation, see
+    :func:`replica_lib.progress.last_batch`) at the handler's first batch and after a failed append, and follows the
+    handler's own appends since. A fold retires changes but not the commits that appended them.
     """
 
-    def __init__(self, replica: str, target_of: Callable[[TableConfig], Target]) -> None:
+    def __init__(self, replica: str) -> None:
         self.replica = replica
-        self.target_of = target_of
         self.last: dict[str, int] = {}
 
     def committed(self, spark: SparkSession, table: TableConfig, generation: str, batch_id: int) -> bool:
-        """Whether this batch is in the target already (a run of it before a restart, or in this handler, wrote
-        it)."""
+        """Whether this batch's changes are in the table's change log already (a run of it before a restart, or in
+        this handler, appended them)."""
         if table.name not in self.last:
-            self.last[table.name] = last_batch(spark, self.target_of(table), self.replica, generation)
+            self.last[table.name] = last_batch(spark, changes_target(table), self.replica, generation)
         return batch_id <= self.last[table.name]
 
-    def written(self, name: str, batch_id: int) -> None:
-        """Note that this batch is committed to the target."""
+    def appended(self, name: str, batch_id: int) -> None:
+        """Note that this batch's changes are committed to the table's change log."""
         self.last[name] = max(batch_id, self.last.get(name, -1))
 
     def forget(self, name: str) -> None:
-        """Read the target's history again at the next batch (a write failed: whether it committed is not known)."""
+        """Read the log's history again at the next batch (an append failed: whether it committed is not known)."""
         self.last.pop(name, None)
 
 

@@ -38,7 +38,6 @@ _TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
-_SKIP_EMPTY_COMMITS = "spark.databricks.delta.skipRecordingEmptyCommits"
 #: The Spark conf that decides, when set, whether every MERGE writes deletion vectors (see REWRITE_MAX_BYTES).
 MERGE_DELETION_VECTORS = "spark.databricks.delta.merge.deletionVectors.persistent"
 
@@ -170,15 +169,11 @@ def merge_rows(
     commit: Commit,
     rows: int,
     key_range: KeyRange | None = None,
-    checked: bool = False,
 ) -> Applied:
     """Apply one winning change per key to the replica table: newer deletes delete, newer upserts upsert.
 
     ``winners_df`` must be materialized (a local checkpoint): the MERGE reads it twice and does not copy it.
-    ``rows`` is the number of winners; ``key_range`` (optional) bounds the files the MERGE reads. ``checked``: the
-    caller knows the batch is not in the table yet, so Delta's idempotence check is skipped (as for
-    :func:`append_tombstones`): it reads the table's transactions from its full state, a Spark job on every batch.
-    The commit is made even if it changes no row, so that the table records every batch's offsets.
+    ``rows`` is the number of winners; ``key_range`` (optional) bounds the files the MERGE reads.
     """
     is_delete, is_upsert = F.col("s._op") == "delete", F.col("s._op") == "upsert"
     values = {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in schema.kept.fields} | _provenance()
@@ -192,9 +187,7 @@ def merge_rows(
         confs[MERGE_DELETION_VECTORS] = "false"
     elif spark.conf.get(MERGE_DELETION_VECTORS, None) is None:  # a setting of the user's own stands
         confs[MERGE_DELETION_VECTORS] = str(_deletion_vectors(spark, target)).lower()
-    if checked:
-        confs |= {_USER_METADATA: commit.user_metadata(), _SKIP_EMPTY_COMMITS: "false"}
-    with idempotent(spark, commit) if not checked else contextlib.nullcontext(), session_confs(spark, confs):
+    with idempotent(spark, commit), session_confs(spark, confs):
         metrics = (
             delta_table(spark, target)
             .alias("t")
