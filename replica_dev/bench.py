@@ -472,7 +472,12 @@ class Bench:
 
     def run_rebuild(self, topic: str, name: str) -> Run:
         """Our rebuild of ``topic`` into empty tables, as ``jobs/rebuild.py`` runs it (a batch read up to the log's
-        end, one batch); wall time from the call (plan and pre-flight included) to its return."""
+        end, one batch); wall time from the call (plan and pre-flight included) to its return.
+
+        Into a new folder each round: in the last round's, the rebuild would go on with its finished plan and write
+        nothing.
+        """
+        shutil.rmtree(self.workdir / name, ignore_errors=True)
         cfg = self.replica_config(name, topic, None, once=True)
         root = str(self.workdir / name / "rebuilt")
         self.stages[name] = []
