@@ -154,23 +154,42 @@ def _field_path(*names: str) -> str:
     return "$[0]" + "".join(f"['{n}']" for n in names)
 
 
-def _text_checks(raw: Column, single: Column, what: str, not_object: str) -> list[tuple[Column, Column | str]]:
-    """Why the bytes ``raw`` are not exactly one strict JSON value, first reason first (see :func:`_first_error`).
+#: What :func:`_syntax_step` finds of a text that is not one strict JSON value: it breaks JSON's syntax, and
+#: only because it nests too deep.
+_BAD_SYNTAX, _TOO_DEEP = 1, 2
 
-    ``single`` is :func:`_single` of the text, computed once in a column of its own. Everything past the UTF-8 check
-    is evaluated only for a text that is not one strict JSON value, so a valid record pays for none of the parses
-    below.
+
+def _syntax_step(raw: Column, single: Column, name: str) -> Step:
+    """The step that puts in ``name`` what JSON's syntax says of the bytes ``raw``: null where ``single`` holds,
+    else 0, :data:`_BAD_SYNTAX` or :data:`_TOO_DEEP` (read by :func:`_text_checks`).
+
+    A projection of its own, read twice by the checks so that Spark keeps it apart: Spark interprets
+    ``from_json``, so a projection holding one runs outside whole-stage code generation and every task generates
+    its code again; kept to the parse alone, the checks are generated once per batch.
     """
     text = raw.cast("string")
     syntax = F.from_json(text, _SYNTAX_ONLY, _PERMISSIVE)
-    syntax_bad = syntax.isNull() | syntax["_corrupt"].isNotNull()
     deep = F.from_json(text, _SYNTAX_ONLY, {**_PERMISSIVE, "maxNestingDepth": str(100 * MAX_DEPTH)})
     only_too_deep = deep.isNotNull() & deep["_corrupt"].isNull()
+    found = F.when(syntax.isNotNull() & syntax["_corrupt"].isNull(), 0).when(only_too_deep, _TOO_DEEP)
+    return _with(name, F.when(~single, found.otherwise(_BAD_SYNTAX)))
+
+
+def _text_checks(
+    raw: Column, single: Column, syntax: Column, what: str, not_object: str
+) -> list[tuple[Column, Column | str]]:
+    """Why the bytes ``raw`` are not exactly one strict JSON value, first reason first (see :func:`_first_error`).
+
+    ``single`` is :func:`_single` of the text and ``syntax`` the column of its :func:`_syntax_step`, each computed
+    once. Everything past the UTF-8 check is evaluated only for a text that is not one strict JSON value, so a valid
+    record pays for none of the parses.
+    """
+    text = raw.cast("string")
     return [
         (~F.is_valid_utf8(text), f"{what} is not valid UTF-8"),
         (F.octet_length(raw) == 0, f"{what} is empty (zero bytes)"),
-        (~single & syntax_bad & only_too_deep, f"{what} nests deeper than {MAX_DEPTH} levels"),
-        (~single & syntax_bad, f"{not_object}: {_NOT_JSON}"),
+        (~single & (syntax == _TOO_DEEP), f"{what} nests deeper than {MAX_DEPTH} levels"),
+        (~single & (syntax >= _BAD_SYNTAX), f"{not_object}: {_NOT_JSON}"),
         (~single & F.try_parse_json(text).isNull(), f"{what} has a duplicate field name"),
         (~single, f"{what} has content after its JSON object"),
     ]
@@ -227,7 +246,7 @@ def native_envelopes(raw_df: DataFrame, tables: Sequence[TableConfig], data: T.S
 @lru_cache(maxsize=_CACHED_SCHEMAS)
 def _native_steps(tables: tuple[TableConfig, ...], data: T.StructType | None) -> tuple[Step, ...]:
     parse, clean = _native_parse(data)
-    head = (_raw(), *parse)
+    head = (_raw(), *parse, _syntax_step(F.col("_value"), F.col("_single"), "_value_syntax"))
     env = F.col("_env")
     is_tombstone = F.col("_value").isNull()
     table, route_error = _route(tables, env["table"])
@@ -289,18 +308,22 @@ def _native_parse(data: T.StructType | None) -> tuple[tuple[Step, ...], Column]:
         for f in data.fields
         if logical.is_timestamp(f.dataType) or isinstance(f.dataType, T.DateType)
     ]
-    clean: Column = reduce(
-        lambda a, b: a & ~b,
-        coerced,
-        typed.isNotNull() & typed["_corrupt"].isNull() & typed["op"].isNotNull() & F.col("_single"),
+    clean_step = _with(
+        "_clean",
+        reduce(
+            lambda a, b: a & ~b,
+            coerced,
+            typed.isNotNull() & typed["_corrupt"].isNull() & typed["op"].isNotNull() & F.col("_single"),
+        ),
     )
+    clean = F.col("_clean")
     fields = [typed[f].alias(f) for f in ("op", "seq", "ts_ms", "table")]
     untyped = F.from_json(text, NATIVE_ENVELOPE, _PERMISSIVE)  # evaluated only where ``clean`` is false
     # `data` is only tested for presence on a clean record (its typed form is in the typed column).
     present = F.when(typed["data"].isNotNull(), F.lit("")).cast("string").alias("data")
     none = F.lit(None).cast("string").alias("_corrupt")
     env_step = _with("_env", F.when(clean, F.struct(*fields, present, none)).otherwise(untyped))
-    return (typed_step, *proof, env_step), clean
+    return (typed_step, *proof, clean_step, env_step), clean
 
 
 def _plain_value(text: Column, typed: Column, data: T.StructType) -> Column:
@@ -377,7 +400,7 @@ def _native_error(route_error: Column) -> Column:
     return _first_error(
         (F.col("_key").isNull(), "missing key: the Kafka record key is null"),
         (F.col("_value").isNull(), _no_error()),
-        *_text_checks(F.col("_value"), F.col("_single"), "value", "value is not a JSON object"),
+        *_text_checks(F.col("_value"), F.col("_single"), F.col("_value_syntax"), "value", "value is not a JSON object"),
         (_suspect(env, "op") & ~_is_object(strict), "value is not a JSON object"),
         (env["_corrupt"].isNotNull(), wrong_type),
         (op.isNull(), "missing op"),
@@ -413,6 +436,7 @@ def _debezium_steps(table: TableConfig, data_columns: tuple[str, ...]) -> tuple[
         _raw(),
         _with("_strict", _strict(text)),
         _with("_single", _single(text, F.col("_strict"))),
+        _syntax_step(F.col("_value"), F.col("_single"), "_value_syntax"),
         _with("_outer", F.from_json(text, DEBEZIUM_OUTER, _PERMISSIVE)),
         _with("_payload_text", F.when(wrapped, outer["payload"]).otherwise(text)),
         _with("_payload", F.from_json(F.col("_payload_text"), DEBEZIUM_PAYLOAD, _PERMISSIVE)),
@@ -433,7 +457,7 @@ def _debezium_steps(table: TableConfig, data_columns: tuple[str, ...]) -> tuple[
     error = _first_error(
         (F.col("_key").isNull(), "missing key: the Kafka record key is null"),
         (is_tombstone, _no_error()),
-        *_text_checks(F.col("_value"), F.col("_single"), "value", "value is not a JSON object"),
+        *_text_checks(F.col("_value"), F.col("_single"), F.col("_value_syntax"), "value", "value is not a JSON object"),
         (_suspect(outer, "payload", "op") & ~_is_object(F.col("_strict")), "value is not a JSON object"),
         (payload["_corrupt"].isNotNull(), "Debezium payload has a field of the wrong type"),
         (dbz_op.isNull(), "missing op in the Debezium payload"),
@@ -586,11 +610,13 @@ def _typed_key_and_data(present: frozenset[str], schema: TableSchema) -> tuple[S
     return (
         _with("_k", F.from_json(F.col("_key_json"), _with_corrupt(schema.key_schema), _PERMISSIVE)),
         _with("_d", _data(present, schema)),
+        # Before the key's checks, so that Spark projects it with them, apart from the parses around them.
+        _with("_bad", F.when((F.col("_op") == "upsert") & suspect, bad_columns)),
         _with("_key_plain", _plain_key(key_text, F.col("_k"), keys)),
         # Not ``plain | single``: Spark evaluates a subexpression used twice on both sides of an OR before the OR,
         # so every key was parsed strictly; a CASE evaluates its other branch only where the key is not plain.
         _with("_key_single", F.when(F.col("_key_plain"), F.lit(True)).otherwise(_single(key_text, _strict(key_text)))),
-        _with("_bad", F.when((F.col("_op") == "upsert") & suspect, bad_columns)),
+        _syntax_step(F.col("_key"), F.col("_key_single"), "_key_syntax"),
     )
 
 
@@ -614,7 +640,7 @@ def _key_checks(schema: TableSchema) -> list[tuple[Column, Column | str]]:
     not_key_object = f"key is not a JSON object of the key columns ({', '.join(keys)})"
     expected = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in schema.key_schema.fields)
     return [
-        *_text_checks(F.col("_key"), F.col("_key_single"), "key", not_key_object),
+        *_text_checks(F.col("_key"), F.col("_key_single"), F.col("_key_syntax"), "key", not_key_object),
         ((key_struct.isNull() | key_struct["_corrupt"].isNotNull() | key_missing) & key_names.isNull(), not_key_object),
         (key_mistyped, f"key has a column of the wrong type (expected {expected})"),
         (key_missing, f"key lacks a key column ({', '.join(keys)})"),
