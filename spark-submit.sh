@@ -51,13 +51,17 @@ common=(
   --conf spark.ui.showConsoleProgress=false
 )
 [[ -n "$classpath" ]] && common+=(--driver-class-path "$classpath")
+# The JIT compiles methods of any size, in the driver and the executors (replica_lib.session.JAVA_OPTIONS says why).
+jit="-XX:-DontCompileHugeMethods"
+driver_options="$jit"
 # A driver on this machine maps Spark's classes from an archive (replica_class_archive in scripts/bootstrap.sh),
 # unless jars come before Spark's on its class path (the SQL server's), which the archive's JVM did not have.
 if [[ "$deploy_mode" == client && -z "$classpath" ]]; then
   archive=$(replica_class_archive "${common[@]}" --master "local[2]" \
     --conf spark.driver.host=127.0.0.1 --conf spark.driver.bindAddress=127.0.0.1) || archive=""
-  [[ -n "$archive" ]] && common+=(--conf "spark.driver.defaultJavaOptions=-XX:SharedArchiveFile=$archive")
+  [[ -n "$archive" ]] && driver_options+=" -XX:SharedArchiveFile=$archive"
 fi
+common+=(--conf "spark.driver.defaultJavaOptions=$driver_options" --conf "spark.executor.defaultJavaOptions=$jit")
 
 if [[ -z "$master" || "$master" == local* ]]; then
   # Locally the job's Python process is the driver and starts Spark's JVM itself (as pyspark does), so

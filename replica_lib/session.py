@@ -37,6 +37,13 @@ logger = logging.getLogger(__name__)
 #: a 5 s batch). Static: it must be set before the session starts.
 CODEGEN_CACHE = {"spark.sql.codegen.cache.maxEntries": "2000"}
 
+#: HotSpot's JIT compiles no method of more than 8,000 bytes of bytecode: such a method runs interpreted, several
+#: times slower. A decode's whole-stage generated code has methods past that size (more of them the wider the
+#: table), so the driver's and executors' JVMs compile methods of any size. ``spark-submit.sh`` starts a local
+#: driver with the same option.
+JAVA_OPTIONS = "-XX:-DontCompileHugeMethods"
+JAVA_OPTIONS_SETTINGS = ("spark.driver.defaultJavaOptions", "spark.executor.defaultJavaOptions")
+
 #: PySpark's DataFrame debugging (on by default): every ``pyspark.sql.functions`` call captures its Python call
 #: site (a walk of the interpreter's stack) and sends it to the JVM in four py4j calls, so that a runtime error of
 #: that expression names the line that built it. A column costs 4.5 ms with it and 0.9 ms without; a replica's
@@ -90,6 +97,7 @@ def session_conf(settings: LocalSettings, master: str | None, ui: bool) -> dict[
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
         PYTHON_DEBUGGING: "false",
         **CODEGEN_CACHE,
+        **dict.fromkeys(JAVA_OPTIONS_SETTINGS, JAVA_OPTIONS),
     }
     if local:
         conf.update(
@@ -188,6 +196,14 @@ def java_class(spark: SparkSession, name: str) -> Any:
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     return getattr(jvm, name)
+
+
+def launch_java_options(conf: Mapping[str, str], given: Mapping[str, str] | None) -> dict[str, str]:
+    """``conf`` with the launch's own JVM options where it set any (``given`` as for :func:`launch_scheduler`): an
+    administrator's ``spark-defaults.conf``, or ``spark-submit.sh``'s, which holds :data:`JAVA_OPTIONS` too."""
+    if given is None:
+        return dict(conf)
+    return {**conf, **{key: given[key] for key in JAVA_OPTIONS_SETTINGS if key in given}}
 
 
 def launch_debugging(conf: Mapping[str, str], given: Mapping[str, str] | None) -> dict[str, str]:
@@ -293,7 +309,7 @@ def build_session(
     launch = {**conf, "spark.app.name": app_name, **({"spark.master": master} if master else {})}
     with _quiet_jvm():
         given = _launch_settings(launch)
-    conf = launch_debugging(launch_scheduler(conf, given), given)
+    conf = launch_java_options(launch_debugging(launch_scheduler(conf, given), given), given)
     if catalog and not _catalog_given(given):
         conf = {**conf, **catalog_conf(settings), **dict(extra or {})}
     for key, value in conf.items():
