@@ -531,6 +531,8 @@ def test_only_strict_json_in_utf8_decodes(spark: SparkSession) -> None:
         record(key, b"   ", 19),
         record(key, b"\x8f\x00\xfe binary", 20),
         record(key, b'  {"op": "upsert", "seq": 2, "data": {"order_id": 1, "status": "a]b"}}\n', 21),
+        record(b'{"order_id": ' + b"[" * 1200 + b"]" * 1200 + b"}", ok, 22),
+        record(b"{'order_id': 1}", ok, 23),
     ]
     changes_df = decode_table(spark, cfg, rows, "orders")
     after = "value has content after its JSON object"
@@ -555,6 +557,8 @@ def test_only_strict_json_in_utf8_decodes(spark: SparkSession) -> None:
         (18, "key is empty (zero bytes)"),
         (19, f"value is not a JSON object: {NOT_JSON}"),
         (20, "value is not valid UTF-8"),
+        (22, "key nests deeper than 1000 levels"),
+        (23, f"key is not a JSON object of the key columns (order_id): {NOT_JSON}"),
     ]
     assert offsets(decode.valid(changes_df)) == [0, 21]
     assert changes_df.count() == len(rows)

@@ -13,10 +13,13 @@ import replica_lib
 from replica_lib.config import LocalSettings
 from replica_lib.session import (
     _JVM_NOISE,
+    JAVA_OPTIONS,
+    JAVA_OPTIONS_SETTINGS,
     PYTHON_DEBUGGING,
     SCHEDULER_POOLS,
     SNAPSHOT_PARTITIONS,
     launch_debugging,
+    launch_java_options,
     launch_scheduler,
     replica_session,
     scheduler_pools,
@@ -117,6 +120,18 @@ def test_python_call_sites_are_not_captured_unless_the_launch_asks(spark: SparkS
     ours = {PYTHON_DEBUGGING: "false", "spark.ui.enabled": "false"}
     assert launch_debugging(ours, {"spark.master": "local[2]"}) == launch_debugging(ours, None) == ours
     assert launch_debugging(ours, {PYTHON_DEBUGGING: "true"}) == {**ours, PYTHON_DEBUGGING: "true"}
+
+
+def test_the_jit_compiles_methods_of_any_size_unless_the_launch_says_otherwise(spark: SparkSession) -> None:
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert JAVA_OPTIONS in arguments  # the run's own driver
+    assert spark.sparkContext.getConf().get("spark.executor.defaultJavaOptions") == JAVA_OPTIONS
+    ours = {key: JAVA_OPTIONS for key in JAVA_OPTIONS_SETTINGS}
+    assert launch_java_options(ours, None) == launch_java_options(ours, {"spark.master": "local[2]"}) == ours
+    theirs = {"spark.executor.defaultJavaOptions": "-Xss4m"}  # an administrator's spark-defaults.conf
+    assert launch_java_options(ours, theirs) == {**ours, **theirs}
 
 
 def test_a_replica_session_keeps_the_snapshot_tasks_its_parent_was_given(spark: SparkSession) -> None:
