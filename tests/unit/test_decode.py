@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from datetime import datetime
 from typing import Any
 
@@ -564,6 +565,44 @@ def test_only_strict_json_in_utf8_decodes(spark: SparkSession) -> None:
     assert changes_df.count() == len(rows)
     kept = changes_df.where(F.col("_offset").isin(1, 5)).orderBy("_offset").collect()
     assert [bytes(r["_value"]) for r in kept] == [ok.replace(b"ada", b"\xffda"), ok + b"]"]
+
+
+def _interpreted_projections(plan: Any) -> list[list[str]]:
+    """The expressions of each projection of a physical plan outside whole-stage code generation."""
+    found: list[list[str]] = []
+
+    def walk(node: Any, generated: bool) -> None:
+        name = node.getClass().getSimpleName()
+        generated = (generated or name == "WholeStageCodegenExec") and name != "InputAdapter"
+        if name == "ProjectExec" and not generated:
+            exprs = node.projectList()
+            found.append([exprs.apply(i).toString() for i in range(exprs.size())])
+        children = node.children()
+        for i in range(children.size()):
+            walk(children.apply(i), generated)
+
+    walk(plan, False)
+    return found
+
+
+def test_a_decodes_parses_stay_apart_from_its_checks(spark: SparkSession) -> None:
+    """Spark interprets ``from_json``: a projection holding one runs outside whole-stage code generation, and every
+    task generates its code again. Such projections hold parses and renamed columns only, never the checks."""
+    cfg = replica({"orders": ORDERS})
+    schemas = schemas_of(cfg)
+    rows = [record({"order_id": 1}, {"op": "upsert", "seq": 1, "data": order(1, "ada", 1.0, "new", 1)}, 0)]
+    env_df = decode.envelopes(spark.createDataFrame(rows, RAW_SCHEMA), cfg, schemas)
+    changes_df = decode.table_changes(env_df, schemas["orders"], unrouted=True, alone=True)
+    adaptive = spark.conf.get("spark.sql.adaptive.enabled")
+    spark.conf.set("spark.sql.adaptive.enabled", "false")  # so that the plan holds its code generation stages
+    try:
+        projections = _interpreted_projections(changes_df._jdf.queryExecution().executedPlan())
+    finally:
+        spark.conf.set("spark.sql.adaptive.enabled", adaptive)
+    assert len(projections) >= 3  # the envelope's, the key's and the row's parses at least
+    renamed = re.compile(r"[^\s()]+#\d+L?( AS [^\s()]+#\d+L?)?")
+    for expressions in projections:
+        assert all("from_json(" in e or renamed.fullmatch(e) for e in expressions), expressions
 
 
 def test_types_are_as_declared_without_coercion(spark: SparkSession) -> None:
