@@ -164,6 +164,15 @@ class _Batch:
 
 
 @dataclass(frozen=True)
+class _Records:
+    """A batch's records as the handler is given them: raw, as the Kafka source reads them, or decoded by the
+    replica's query itself (:func:`replica_lib.decode.stream_changes`), with the table schema it decoded them by."""
+
+    df: DataFrame
+    decoded_by: TableSchema | None = None
+
+
+@dataclass(frozen=True)
 class _Decoded:
     """The batch's changes per table (materialized), and what the decode counted of them."""
 
@@ -208,6 +217,8 @@ class BatchHandler:
         self.last_batch: int | None = None
         self._generation: str | None = None
         self._filled: set[str] = set()  # tables known to hold data: they never need the emptiness check again
+        self._streamed: TableSchema | None = None  # the schema the query decodes its records by (see stream)
+        self._stale_warned = False
         self._retained = _Retained()
         self._logged = _Logged(cfg.name)
         self._held = _Held()
@@ -216,6 +227,16 @@ class BatchHandler:
         # Applied offsets for Kafka tooling, committed off the batch's path (not by a rebuild: the group is the
         # live replica's).
         self._group_offsets = GroupOffsets(cfg) if monitored else None
+
+    def stream(self, raw_df: DataFrame) -> DataFrame:
+        """What the replica's query runs on, from its raw records: for a replica of one table, the records decoded
+        in the query's own plan (``decode.stream_changes``: Spark analyses the decode once, not at every batch),
+        which the handler then takes as decoded; for one of several tables, the raw records."""
+        decoded = decode.stream_changes(raw_df, self.cfg, self.schemas)
+        if decoded is None:
+            return raw_df
+        self._streamed = self.schemas[self.cfg.tables[0].name]
+        return decoded
 
     def prefetch(self, spark: SparkSession) -> None:
         """Start reading what the first batch needs of the copy-on-write tables (their retained deletes), on the
@@ -245,7 +266,8 @@ class BatchHandler:
         if self._generation is None:
             self._generation = checkpoint_generation(spark, self.cfg.checkpoint)
         try:
-            self._run(batch_df, batch_id, batch_end_offsets(spark, self.cfg.checkpoint, batch_id))
+            records = _Records(batch_df, self._streamed)
+            self._run(records, batch_id, batch_end_offsets(spark, self.cfg.checkpoint, batch_id))
         except (Py4JJavaError, PySparkException) as exc:
             self.failure = exc
             raise
@@ -258,11 +280,11 @@ class BatchHandler:
         already committed). Returns once a fold it started has ended.
         """
         self._generation = generation
-        stats = self._run(batch_df, batch_id, offsets)
+        stats = self._run(_Records(batch_df), batch_id, offsets)
         self._folds.finish()  # the caller reads the tables next
         return stats
 
-    def _run(self, batch_df: DataFrame, batch_id: int, offsets: Offsets) -> BatchStats:
+    def _run(self, records: _Records, batch_id: int, offsets: Offsets) -> BatchStats:
         """Run the batch; again from its records if an executor holding its materialized rows was lost.
 
         The stages materialize their rows on the executors (local checkpoints: no second read of the log, and
@@ -273,7 +295,7 @@ class BatchHandler:
         attempt = 1
         while True:
             try:
-                return self._run_once(batch_df, batch_id, offsets)
+                return self._run_once(records, batch_id, offsets)
             except (Py4JJavaError, PySparkException) as exc:
                 if attempt >= BATCH_ATTEMPTS or not _lost_materialized_rows(exc):
                     raise
@@ -288,11 +310,11 @@ class BatchHandler:
                     BATCH_ATTEMPTS,
                 )
 
-    def _run_once(self, batch_df: DataFrame, batch_id: int, offsets: Offsets) -> BatchStats:
+    def _run_once(self, records: _Records, batch_id: int, offsets: Offsets) -> BatchStats:
         self._folds.check()  # a fold that failed fails the next batch, before it writes anything
-        batch = self._begin(batch_df, batch_id, offsets)
+        batch = self._begin(records.df, batch_id, offsets)
         self._at("before_batch", batch)
-        decoded = self._decode(batch, batch_df)
+        decoded = self._decode(batch, records)
         if decoded.records:
             _size_for(batch.spark, decoded.records)
             self._quarantine(batch, decoded)
@@ -326,7 +348,7 @@ class BatchHandler:
         stage = _Stages(spark, stats, f"replica {self.cfg.name} batch {batch_id}")
         return _Batch(batch_id, spark, self._generation, stats, stage, metadata)
 
-    def _decode(self, batch: _Batch, batch_df: DataFrame) -> _Decoded:
+    def _decode(self, batch: _Batch, records: _Records) -> _Decoded:
         """Decode the batch into each table's changes, read from Kafka once and counted in the same job.
 
         Each table's changes are checkpointed locally: that truncates the plan, so the later stages (and Delta's
@@ -334,21 +356,28 @@ class BatchHandler:
         """
         ranked = {t.name for t in self.cfg.tables}
         with batch.stage("decode"):
-            env_df = decode.envelopes(batch_df, self.cfg, self.schemas)
-            alone = len(self.cfg.tables) == 1
-            if not alone:
-                env_df = env_df.persist()  # each table's changes are read from it
-            changes, observed = {}, {}
-            for i, t in enumerate(self.cfg.tables):
+            env_df = None
+            if self._decoded(records):
+                first = {self.cfg.tables[0].name: self._table_changes(records, 0, keep_raw=False)}
+            else:
+                env_df = decode.envelopes(self._raw(records), self.cfg, self.schemas)
+                if len(self.cfg.tables) > 1:
+                    env_df = env_df.persist()  # each table's changes are read from it
                 # The first table's changes also hold the envelopes routed to no table (rejected).
-                changes_df = decode.table_changes(env_df, self.schemas[t.name], unrouted=i == 0, alone=alone)
-                changes[t.name], observation, winners = _observed(changes_df, self.schemas[t.name], ranked=True)
-                observed[t.name] = (observation, winners)
+                first = {
+                    t.name: decode.table_changes(env_df, self.schemas[t.name], i == 0, len(self.cfg.tables) == 1)
+                    for i, t in enumerate(self.cfg.tables)
+                }
+            changes, observed = {}, {}
+            for name, changes_df in first.items():
+                changes[name], observation, winners = _observed(changes_df, self.schemas[name], ranked=True)
+                observed[name] = (observation, winners)
             summaries = {name: _summary(o, w, self.schemas[name]) for name, (o, w) in observed.items()}
-            env_df.unpersist()
+            if env_df is not None:
+                env_df.unpersist()
             if self._add_columns(batch, summaries):  # the batch's records name fields new to a table
-                return self._decode(batch, batch_df)
-            self._count_new_fields(batch, batch_df, summaries)
+                return self._decode(batch, records)
+            self._count_new_fields(batch, records, summaries)
             earlier = {
                 t.name: self._held.of(batch.spark, self.cfg, self.schemas[t.name])
                 for t in self.cfg.tables
@@ -360,19 +389,13 @@ class BatchHandler:
                 # their bytes): the ranking needs every change, so this table's are decoded again, unranked.
                 holding = t.holds_keys and (summaries[t.name].rejected > 0 or earlier.get(t.name) is not None)
                 if (t.sequence_by is not None and summaries[t.name].tombstones) or holding:
-                    changes_df = decode.table_changes(
-                        decode.envelopes(batch_df, self.cfg, self.schemas),
-                        self.schemas[t.name],
-                        i == 0,
-                        alone,
-                        keep_raw=holding,
-                    )
+                    changes_df = self._table_changes(records, i, keep_raw=holding)
                     changes[t.name] = changes_df.drop(decode.ROW, logical.CONNECT_FIELDS).localCheckpoint()
                     ranked.discard(t.name)
             self._hold(batch, changes, summaries, ranked, earlier)
-        records = sum(s.records for s in summaries.values())
+        count = sum(s.records for s in summaries.values())
         rejected = sum(s.rejected for s in summaries.values())
-        batch.stats.records = records
+        batch.stats.records = count
         batch.stats.late_tables = {name: s.late for name, s in summaries.items() if s.late}
         batch.stats.late = sum(batch.stats.late_tables.values())
         if batch.stats.late:
@@ -384,7 +407,7 @@ class BatchHandler:
                 batch.batch_id,
                 late,
             )
-        return _Decoded(records, rejected, changes, summaries, frozenset(ranked))
+        return _Decoded(count, rejected, changes, summaries, frozenset(ranked))
 
     def _add_columns(self, batch: _Batch, summaries: dict[str, _Summary]) -> bool:
         """Add the new fields of the batch's records to their ``add_columns`` tables; whether any was added."""
@@ -401,14 +424,13 @@ class BatchHandler:
             added = True
         return added
 
-    def _count_new_fields(self, batch: _Batch, batch_df: DataFrame, summaries: dict[str, _Summary]) -> None:
+    def _count_new_fields(self, batch: _Batch, records: _Records, summaries: dict[str, _Summary]) -> None:
         """Count the records that carry fields their table does not keep (a job, only for a batch with some)."""
         for i, table in enumerate(self.cfg.tables):
             counted = summaries[table.name].new_fields.counted
             if not counted:
                 continue
-            env_df = decode.envelopes(batch_df, self.cfg, self.schemas)
-            changes_df = decode.table_changes(env_df, self.schemas[table.name], i == 0, len(self.cfg.tables) == 1)
+            changes_df = self._table_changes(records, i, keep_raw=False)
             found = evolution.counts(changes_df, [name for name, _ in counted])
             for name, why in counted:
                 batch.stats.unknown_fields[f"{table.name}.{name}"] = found[name]
@@ -624,6 +646,36 @@ class BatchHandler:
         self._at("after_compaction", batch)
 
     # ------------------------------------------------------------------------------------------------ helpers
+    def _decoded(self, records: _Records) -> bool:
+        """Whether the batch's records come decoded by the table's current schema: not after the handler added
+        columns to it (the query's plan keeps the schema it started with; a restart decodes by the new one)."""
+        if records.decoded_by is None:
+            return False
+        if records.decoded_by == self.schemas[self.cfg.tables[0].name]:
+            return True
+        if not self._stale_warned:
+            self._stale_warned = True
+            logger.warning(
+                "replica %s: table %s has new columns since the replica started; its batches decode each record "
+                "again, by the new schema, until the replica is restarted",
+                self.cfg.name,
+                self.cfg.tables[0].name,
+            )
+        return False
+
+    def _raw(self, records: _Records) -> DataFrame:
+        """The batch's records as the Kafka source reads them."""
+        return records.df if records.decoded_by is None else decode.records(records.df)
+
+    def _table_changes(self, records: _Records, index: int, keep_raw: bool) -> DataFrame:
+        """The changes of the ``index``-th table, not ranked; ``keep_raw``: every change keeps its raw record."""
+        if self._decoded(records):
+            return records.df if keep_raw else decode.without_valid_raw(records.df)
+        env_df = decode.envelopes(self._raw(records), self.cfg, self.schemas)
+        table = self.cfg.tables[index]
+        alone = len(self.cfg.tables) == 1
+        return decode.table_changes(env_df, self.schemas[table.name], index == 0, alone, keep_raw=keep_raw)
+
     def _at(self, point: str, batch: _Batch) -> None:
         if self.hooks.at is not None:
             self.hooks.at(point, batch.batch_id)

@@ -571,9 +571,46 @@ def _table_steps(
     # local checkpoint and on the ordering's shuffle. (A projection of its own: ``_error`` is computed once.)
     if keep_raw:
         return *staged, changes
+    return *staged, changes, without_valid_raw
+
+
+@lru_cache(maxsize=1)
+def _raw_if_rejected() -> dict[str, Column]:
     rejected_only = F.col("_error").isNotNull()
-    raw_if_rejected = {"_key": F.when(rejected_only, F.col("_key")), "_value": F.when(rejected_only, F.col("_value"))}
-    return *staged, changes, lambda df: df.withColumns(raw_if_rejected)
+    return {"_key": F.when(rejected_only, F.col("_key")), "_value": F.when(rejected_only, F.col("_value"))}
+
+
+def without_valid_raw(changes_df: DataFrame) -> DataFrame:
+    """A table's changes decoded with ``keep_raw``, as :func:`table_changes` gives them without: the raw record
+    kept only where the change is rejected."""
+    return changes_df.withColumns(_raw_if_rejected())
+
+
+def stream_changes(raw_df: DataFrame, cfg: ReplicaConfig, schemas: dict[str, TableSchema]) -> DataFrame | None:
+    """A one-table replica's decode as part of its streaming query: every record's change, raw record kept.
+
+    Spark then analyses the decode once, when the query starts, and plans it before each batch, instead of the
+    batch analysing each step of it again. The raw records stay for what decodes a batch again (a table's new
+    schema, see :func:`records`) and for the changes held behind a quarantined record. None for a replica of
+    several tables, whose batches decode the envelopes once for every table.
+    """
+    if len(cfg.tables) != 1:
+        return None
+    schema = schemas[cfg.tables[0].name]
+    return table_changes(envelopes(raw_df, cfg, schemas), schema, unrouted=True, alone=True, keep_raw=True)
+
+
+def records(changes_df: DataFrame) -> DataFrame:
+    """The raw records of changes decoded with ``keep_raw`` from every record (:func:`stream_changes`), as the
+    Kafka source gives them, to decode again."""
+    return changes_df.select(
+        F.col("_key").alias("key"),
+        F.col("_value").alias("value"),
+        F.col("_topic").alias("topic"),
+        F.col("_partition").alias("partition"),
+        F.col("_offset").alias("offset"),
+        F.col("_kafka_ts").alias("timestamp"),
+    )
 
 
 def _typed_key_and_data(present: frozenset[str], schema: TableSchema) -> tuple[Step, ...]:

@@ -97,7 +97,7 @@ def _start(
     session.streams.addListener(metrics)
     handler = BatchHandler(cfg, schemas, hooks, stop_requested, report=metrics.record)
     writer = (
-        read_changes(session, cfg, starting_offsets(session, cfg))
+        handler.stream(read_changes(session, cfg, starting_offsets(session, cfg)))
         .writeStream.queryName(cfg.name)
         .option("checkpointLocation", cfg.checkpoint)
         .foreachBatch(handler)

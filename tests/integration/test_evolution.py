@@ -3,6 +3,7 @@ a strict table counts what it does not keep. Every table is checked against the 
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Iterable
 from pathlib import Path
@@ -136,6 +137,27 @@ def test_new_fields_become_columns_mid_stream_on_both_layouts(
     run(spark, cfg)
     for table in log:
         assert_model(spark, cfg, table, log[table])
+
+
+def test_a_one_table_replica_decodes_the_batches_after_new_columns_by_them(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path, caplog: Any
+) -> None:
+    # A replica of one table decodes its records in the query's own plan, by the schema the query started with;
+    # after a batch adds columns, the later batches of the same run decode their records again by the new schema.
+    topic = topic_factory(partitions=1)
+    narrow = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, updated_ms BIGINT"
+    spec = orders_table(topic, schema=narrow)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "one", {"orders": spec}, max_offsets_per_trigger=5)
+    first = [change(k, k) for k in range(1, 6)]
+    fielded = [change(k, 10 + k, note=f"n{k}") for k in range(1, 6)]
+    later = [change(2, 20, note="later"), gone(3, 21), change(4, 22), change(6, 23, note="new key"), change(1, 24)]
+    log = produce(connection, topic, [*first, *fielded, *later], table="orders")
+    with caplog.at_level(logging.WARNING, logger="replica_lib.batch"):
+        stats = run(spark, cfg)
+    assert len(stats) == 3 and [s.records for s in stats] == [5, 5, 5]
+    assert_model(spark, cfg, "orders", log)
+    assert ("note", "string") in user_columns(spark, cfg, "orders")
+    assert any("decode each record again" in r.getMessage() for r in caplog.records)
 
 
 def test_a_conf_change_adds_and_widens_columns_at_restart(

@@ -142,6 +142,38 @@ def test_native_upserts_deletes_and_tombstones_decode_into_typed_rows(spark: Spa
     ]
 
 
+def test_the_streams_decode_keeps_every_record_and_is_the_batchs_without_the_bytes(spark: SparkSession) -> None:
+    # A replica of one table decodes in its query's plan (decode.stream_changes), every raw record kept: the
+    # handler drops a valid change's bytes as the batch's decode does, and decodes the records again from them.
+    cfg = replica({"orders": ORDERS})
+    schemas = schemas_of(cfg)
+    rows = [
+        record({"order_id": 1}, {"op": "upsert", "seq": 1, "data": order(1, "ada", 10.5, "new", 1000)}, 0),
+        record({"order_id": 1}, {"op": "delete", "seq": 2}, 1),
+        record({"order_id": 2}, None, 2),
+        record({"order_id": 3}, b"not json", 3),
+        record(None, {"op": "upsert", "seq": 1, "data": order(4, "bo", 1.0, "new", 1)}, 4, partition=1),
+        record({"order_id": 5}, {"op": "upsert", "seq": 1, "table": "elsewhere", "data": {"order_id": 5}}, 5),
+    ]
+    raw_df = spark.createDataFrame(rows, RAW_SCHEMA)
+    streamed = decode.stream_changes(raw_df, cfg, schemas)
+    assert streamed is not None
+    streamed = streamed.localCheckpoint()
+    assert_df_equality(decode.records(streamed), raw_df, ignore_row_order=True, ignore_nullable=True)
+    batch_df = decode.table_changes(decode.envelopes(raw_df, cfg, schemas), schemas["orders"], True, True)
+    comparable = [c for c in batch_df.columns if c != decode.ROW]
+    assert_df_equality(
+        decode.without_valid_raw(streamed).select(comparable),
+        batch_df.select(comparable),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+    assert sorted(offsets(decode.rejected(streamed))) == [3, 4, 5]
+
+    two = replica({"orders": ORDERS, "payments": {"topic": "orders", "keys": ["id"], "schema": "id BIGINT"}})
+    assert decode.stream_changes(raw_df, two, schemas_of(two)) is None  # decoded per table, in the batch
+
+
 def test_native_contract_violations_are_rejected_with_a_reason(spark: SparkSession) -> None:
     cfg = replica({"orders": ORDERS})
     ok = {"op": "upsert", "seq": 1, "data": order(1, "ada", 1.0, "new", 1)}
