@@ -78,8 +78,9 @@ def _apply(df: DataFrame, steps: Sequence[Step]) -> DataFrame:
     """``df`` through ``steps``.
 
     A decode's expressions are unresolved and depend only on the table's schema, not on the batch: they are built
-    once per schema (:data:`_CACHED_SCHEMAS`) and applied to every batch. Building them is thousands of calls into
-    the JVM, which would cost every batch about half a second of the driver's time.
+    once per schema (:data:`_CACHED_SCHEMAS`) and applied to every batch (a one-table replica's, once, to its
+    query: :func:`stream_changes`). Building them is thousands of calls into the JVM, which would cost every batch
+    about half a second of the driver's time.
     """
     for step in steps:
         df = step(df)
