@@ -99,15 +99,19 @@ def _no_error() -> Column:
     return F.lit(None).cast("string")
 
 
+#: The Kafka source's columns of a record, and what a change names them (:func:`_raw`, and back: :func:`records`).
+_RAW_NAMES = (
+    ("topic", "_topic"),
+    ("partition", "_partition"),
+    ("offset", "_offset"),
+    ("timestamp", "_kafka_ts"),
+    ("key", "_key"),
+    ("value", "_value"),
+)
+
+
 def _raw() -> Step:
-    return _select(
-        F.col("topic").alias("_topic"),
-        F.col("partition").alias("_partition"),
-        F.col("offset").alias("_offset"),
-        F.col("timestamp").alias("_kafka_ts"),
-        F.col("key").alias("_key"),
-        F.col("value").alias("_value"),
-    )
+    return _select(*[F.col(source).alias(name) for source, name in _RAW_NAMES])
 
 
 #: What :func:`_strict` appends to a text: the parser must read it as the array's last element.
@@ -604,14 +608,7 @@ def stream_changes(raw_df: DataFrame, cfg: ReplicaConfig, schemas: dict[str, Tab
 def records(changes_df: DataFrame) -> DataFrame:
     """The raw records of changes decoded with ``keep_raw`` from every record (:func:`stream_changes`), as the
     Kafka source gives them, to decode again."""
-    return changes_df.select(
-        F.col("_key").alias("key"),
-        F.col("_value").alias("value"),
-        F.col("_topic").alias("topic"),
-        F.col("_partition").alias("partition"),
-        F.col("_offset").alias("offset"),
-        F.col("_kafka_ts").alias("timestamp"),
-    )
+    return changes_df.select(*[F.col(name).alias(source) for source, name in _RAW_NAMES])
 
 
 def _typed_key_and_data(present: frozenset[str], schema: TableSchema) -> tuple[Step, ...]:
