@@ -43,8 +43,8 @@ from replica_lib.target import (
     changes_target,
     current_schema,
     delta_table,
-    is_empty,
     latest_version,
+    log_state,
     read_table,
     size_bytes,
     tombstone_target,
@@ -137,9 +137,10 @@ def read_state(spark: SparkSession, table: TableConfig, changes_version: int | N
     if not table.merge_on_read:
         return read_table(spark, table.target)
     if changes_version is None:
-        if is_empty(spark, changes_target(table)):
+        log = log_state(spark, changes_target(table))
+        if log is None or not log.files:
             return read_table(spark, table.target)  # nothing pending: the table is the state (a fold only adds to it)
-        changes_version = latest_version(spark, changes_target(table))
+        changes_version = log.version
     changes = changes_target(table).describe()
     if changes_version is not None:
         changes = f"{changes} VERSION AS OF {int(changes_version)}"

@@ -205,16 +205,44 @@ def table_id(spark: SparkSession, target: Target) -> str | None:
     return None if snapshot is None else str(snapshot.metadata().id())
 
 
+@dataclass(frozen=True)
+class LogState:
+    """A table's latest version and its data files, read from its log alone."""
+
+    version: int
+    files: int
+    size_bytes: int
+
+
+def log_state(spark: SparkSession, target: Target) -> LogState | None:
+    """The table's latest version, its data files and their bytes; None if there is no table.
+
+    Read from the checksum (``.crc``) Delta writes beside each commit, which costs no Spark job; DESCRIBE DETAIL
+    counts them by reconstructing the table's state (three jobs, seconds on a starting JVM), so it serves only a
+    commit without a checksum (a writer that does not write one).
+    """
+    snapshot = _snapshot(spark, target)
+    if snapshot is None:
+        return None
+    version = int(snapshot.version())
+    checksum = snapshot.checksumOpt()
+    if checksum.isDefined():
+        return LogState(version, int(checksum.get().numFiles()), int(checksum.get().tableSizeBytes()))
+    detail = delta_table(spark, target).detail().select("numFiles", "sizeInBytes").first()
+    files, size = (0, 0) if detail is None else (int(detail[0] or 0), int(detail[1] or 0))
+    return LogState(version, files, size)
+
+
 def file_count(spark: SparkSession, target: Target) -> int | None:
-    """The table's data files at its latest version; None if there is no table (see :func:`_sizes`)."""
-    sizes = _sizes(spark, target)
-    return None if sizes is None else sizes[0]
+    """The table's data files at its latest version; None if there is no table (see :func:`log_state`)."""
+    state = log_state(spark, target)
+    return None if state is None else state.files
 
 
 def size_bytes(spark: SparkSession, target: Target) -> int | None:
-    """The size of the table's data files at its latest version; None if there is no table (see :func:`_sizes`)."""
-    sizes = _sizes(spark, target)
-    return None if sizes is None else sizes[1]
+    """The size of the table's data files at its latest version; None if there is no table (see :func:`log_state`)."""
+    state = log_state(spark, target)
+    return None if state is None else state.size_bytes
 
 
 def latest_version(spark: SparkSession, target: Target) -> int | None:
@@ -228,30 +256,20 @@ def is_empty(spark: SparkSession, target: Target) -> bool:
     return not file_count(spark, target)
 
 
-def _sizes(spark: SparkSession, target: Target) -> tuple[int, int] | None:
-    """The latest version's data files and their bytes; None if there is no table.
-
-    Read from the checksum (``.crc``) Delta writes beside each commit, which costs no Spark job; DESCRIBE DETAIL
-    counts them by reconstructing the table's state (three jobs, seconds on a starting JVM), so it serves only a
-    commit without a checksum (a writer that does not write one).
-    """
-    snapshot = _snapshot(spark, target)
-    if snapshot is None:
-        return None
-    checksum = snapshot.checksumOpt()
-    if checksum.isDefined():
-        return int(checksum.get().numFiles()), int(checksum.get().tableSizeBytes())
-    row = delta_table(spark, target).detail().select("numFiles", "sizeInBytes").first()
-    return (0, 0) if row is None else (int(row[0] or 0), int(row[1] or 0))
-
-
 def _snapshot(spark: SparkSession, target: Target) -> Any:
-    """The table's latest Delta snapshot (a JVM object), read from its log alone; None if there is no table."""
+    """The table's latest Delta snapshot (a JVM object), read from its log alone; None if there is no table.
+
+    A table at a path is asked through its ``DeltaLog``: ``DeltaTable.forPath`` would first resolve a DataFrame
+    over the table, several times the cost of the log's update, and a merge-on-read read asks three tables.
+    """
+    none = java_class(spark, "scala.Option").empty()
+    if target.path:
+        log = java_class(spark, "org.apache.spark.sql.delta.DeltaLog").forTable(spark._jsparkSession, target.path)
+        snapshot = log.update(False, none, none)
+        return snapshot if snapshot.version() >= 0 else None
     if not table_exists(spark, target):
         return None
-    table = delta_table(spark, target)
-    none = java_class(spark, "scala.Option").empty()
-    return table._jdt.deltaLog().update(False, none, none)
+    return delta_table(spark, target)._jdt.deltaLog().update(False, none, none)
 
 
 def ensure_table(

@@ -13,12 +13,12 @@ from jobs.maintain import main as maintain_main
 from replica_dev.conf import orders_table, replica_doc, write_replica
 from replica_dev.model import LoggedChange
 from replica_lib import batch
-from replica_lib.config import load_replica
+from replica_lib.config import Target, load_replica
 from replica_lib.errors import ConcurrentDeleteReadError
 from replica_lib.merge import compact_files
 from replica_lib.recovery import release_checkpoint
 from replica_lib.stream import start_replica
-from replica_lib.target import file_count, replica_targets
+from replica_lib.target import LogState, delta_table, file_count, latest_version, log_state, replica_targets, table_id
 from tests.integration.support import delete, produce, replica_config, run_available_now, upsert
 from tests.integration.test_semantics import assert_matches_model
 
@@ -121,3 +121,24 @@ def test_optimize_and_vacuum_beside_the_running_replica_keep_it_exact_and_reduce
     assert "1 after optimize; vacuum (keeping 0 h):" in capsys.readouterr().out
     assert _data_files(str(target.path)) == file_count(spark, target) < on_disk
     assert_matches_model(spark, cfg, log)
+
+
+def test_the_logs_state_is_what_delta_says_of_the_table_and_none_where_there_is_no_table(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    missing = Target(path=str(tmp_path / "missing"))
+    plain = tmp_path / "plain"
+    spark.range(3).write.parquet(str(plain))  # a folder of Parquet files, not a Delta table
+    assert log_state(spark, missing) is None
+    assert log_state(spark, Target(path=str(plain))) is None
+    assert latest_version(spark, missing) is None and table_id(spark, missing) is None
+
+    table = Target(path=str(tmp_path / "table"))
+    spark.range(5).repartition(2).write.format("delta").save(table.path)
+    spark.range(5, 8).coalesce(1).write.format("delta").mode("append").save(table.path)
+    state = log_state(spark, table)
+    detail = delta_table(spark, table).detail().select("numFiles", "sizeInBytes").first()
+    assert detail is not None
+    assert state == LogState(version=1, files=int(detail[0]), size_bytes=int(detail[1]))
+    assert state.files == 3 and latest_version(spark, table) == 1
+    assert table_id(spark, table) == str(delta_table(spark, table).detail().first()["id"])
