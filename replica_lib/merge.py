@@ -19,6 +19,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 from pyspark.sql.types import StructType
 
 from replica_lib.config import Target
@@ -33,6 +34,8 @@ from replica_lib.ordering import newer
 from replica_lib.target import PROVENANCE_COLUMNS, TableSchema, delta_table, size_bytes
 
 logger = logging.getLogger(__name__)
+
+INTEGRAL_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 
 _TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -161,6 +164,28 @@ def _deletion_vectors(spark: SparkSession, target: Target) -> bool:
     return (size_bytes(spark, target) or 0) > REWRITE_MAX_BYTES
 
 
+#: A MERGE that writes deletion vectors reads the target's touched files joined to the winners by an outer join
+#: that keeps every winner, which Spark cannot broadcast, so it shuffles every row of those files; with uniform
+#: keys, every row of the table. Up to this many winners of an integral key, the condition also lists their keys
+#: (:func:`key_list`): Spark pushes that filter into the target's side of the join, and only matched rows are
+#: shuffled. More keys would lengthen every plan of the MERGE (and its text in Spark's UI) by as many literals.
+KEY_LIST_MAX = 2_000
+
+
+def key_list(winners_df: DataFrame, schema: TableSchema, rows: int, prefix: str = "t") -> Column | None:
+    """``<prefix>.key IN (…)`` over the winners' keys, for a table of one integral key and at most
+    :data:`KEY_LIST_MAX` winners; None otherwise. Redundant with the key equality, so it changes no match."""
+    keys = schema.table.keys
+    if len(keys) != 1 or rows > KEY_LIST_MAX:
+        return None
+    if not isinstance(schema.key_schema.fields[0].dataType, INTEGRAL_TYPES):
+        return None
+    values = sorted({int(row[0]) for row in winners_df.select(F.col(f"`{keys[0]}`")).collect() if row[0] is not None})
+    if not values:
+        return None
+    return F.expr(f"{prefix}.`{keys[0]}` IN ({', '.join(str(v) for v in values)})")
+
+
 def merge_rows(
     spark: SparkSession,
     target: Target,
@@ -185,8 +210,15 @@ def merge_rows(
     confs = {_MATERIALIZE_SOURCE: "none"}
     if not schema.table.deletion_vectors:  # a table without them: the MERGE rewrites, and asking costs a job
         confs[MERGE_DELETION_VECTORS] = "false"
-    elif spark.conf.get(MERGE_DELETION_VECTORS, None) is None:  # a setting of the user's own stands
-        confs[MERGE_DELETION_VECTORS] = str(_deletion_vectors(spark, target)).lower()
+        vectors = False
+    else:
+        own = spark.conf.get(MERGE_DELETION_VECTORS, None)  # a setting of the user's own stands
+        vectors = _deletion_vectors(spark, target) if own is None else own.strip().lower() == "true"
+        if own is None:
+            confs[MERGE_DELETION_VECTORS] = str(vectors).lower()
+    listed = key_list(winners_df, schema, rows) if vectors else None
+    if listed is not None:
+        on = on & listed
     with idempotent(spark, commit), session_confs(spark, confs):
         metrics = (
             delta_table(spark, target)
