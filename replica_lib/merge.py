@@ -168,7 +168,8 @@ def _deletion_vectors(spark: SparkSession, target: Target) -> bool:
 #: that keeps every winner, which Spark cannot broadcast, so it shuffles every row of those files; with uniform
 #: keys, every row of the table. Up to this many winners of an integral key, the condition also lists their keys
 #: (:func:`key_list`): Spark pushes that filter into the target's side of the join, and only matched rows are
-#: shuffled. More keys would lengthen every plan of the MERGE (and its text in Spark's UI) by as many literals.
+#: shuffled. The list's cost grows with it (every plan of the MERGE and its recorded predicate carry it): past a few
+#: thousand keys it costs more than the shuffle it spares (docs/performance.md).
 KEY_LIST_MAX = 2_000
 
 
