@@ -353,6 +353,15 @@ def _record_resolved(spark: SparkSession, settings: LocalSettings) -> None:
             artifacts.record_resolved(packages, system.getProperty("spark.jars") or "", settings.state_dir / "ivy")
 
 
+def _stopped_jvm_noise(record: logging.LogRecord) -> bool:
+    """False for py4j's report of a command that failed on its connection, once this process stops the JVM.
+
+    py4j logs such a failure with its stack trace on the root logger (``logging.exception``), and a command in flight
+    as the JVM exits (a finalizer releasing a JVM object) fails so: the caller of a command still gets its error.
+    """
+    return not (record.name == "root" and "py4j" in Path(record.pathname).parts)
+
+
 def stop_session(spark: SparkSession, timeout_s: float = 60.0) -> None:
     """Stop the session and, when this process started Spark's JVM, wait until it has exited.
 
@@ -362,6 +371,7 @@ def stop_session(spark: SparkSession, timeout_s: float = 60.0) -> None:
     from pyspark import SparkContext
 
     gateway = SparkContext._gateway
+    logging.getLogger().addFilter(_stopped_jvm_noise)
     spark.stop()
     proc = getattr(gateway, "proc", None)
     if proc is None or proc.stdin is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import zipfile
@@ -18,6 +19,7 @@ from replica_lib.session import (
     PYTHON_DEBUGGING,
     SCHEDULER_POOLS,
     SNAPSHOT_PARTITIONS,
+    _stopped_jvm_noise,
     launch_debugging,
     launch_java_options,
     launch_scheduler,
@@ -147,3 +149,17 @@ def test_a_replica_session_keeps_the_snapshot_tasks_its_parent_was_given(spark: 
             spark.conf.unset(SNAPSHOT_PARTITIONS)
         else:
             spark.conf.set(SNAPSHOT_PARTITIONS, before)
+
+
+def test_py4j_failures_on_the_root_logger_are_dropped_once_the_jvm_is_stopped_and_nothing_else() -> None:
+    import py4j.java_gateway
+
+    py4j_file = py4j.java_gateway.__file__
+
+    def record(name: str, pathname: str) -> logging.LogRecord:
+        return logging.LogRecord(name, logging.ERROR, pathname, 1060, "Exception while sending command.", None, None)
+
+    assert not _stopped_jvm_noise(record("root", py4j_file))
+    assert _stopped_jvm_noise(record("root", __file__))  # another root record
+    assert _stopped_jvm_noise(record("replica_lib.batch", __file__))
+    assert _stopped_jvm_noise(record("py4j.java_gateway", py4j_file))  # py4j's own logger: its handlers decide
