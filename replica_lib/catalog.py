@@ -197,8 +197,9 @@ def apply(spark: SparkSession, replica: str, source_file: str, wanted: Sequence[
     if not any(_exists(spark, entry) for entry in wanted):
         logger.info("catalog: %s not registered: none of its tables exists", replica)
         return []
-    comment = _literal(f"replica {replica} ({source_file})")
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {_quote(replica)} COMMENT {comment}")
+    if not spark.catalog.databaseExists(replica):  # Spark 4.2 warns of an existing one "created concurrently"
+        comment = _literal(f"replica {replica} ({source_file})")
+        spark.sql(f"CREATE DATABASE IF NOT EXISTS {_quote(replica)} COMMENT {comment}")
     done: list[str] = []
     missing: set[str] = set()
     for entry in wanted:
