@@ -517,12 +517,13 @@ class BatchHandler:
             deletes_df = self._retained.of(batch.spark, schema, table_app, batch.batch_id)
             changes_df = decoded.changes[table.name]
             ranked = table.name in decoded.ranked
-            winners = _winners(batch.spark, changes_df, summary, schema, deletes_df, rows_empty, ranked)
+            small = self._retained.rows.get(table.name, RETAINED_BROADCAST_ROWS + 1) <= RETAINED_BROADCAST_ROWS
+            winners = _winners(batch.spark, changes_df, summary, schema, deletes_df, rows_empty, ranked, small)
         if winners is None:
             return
         applied = self._write(batch, table, schema, winners, rows_empty)
         if winners.deletes:
-            self._retained.add(table.name, winners.df, schema)
+            self._retained.add(table.name, winners, schema)
         batch.stats.upserts += applied.upserted
         batch.stats.deletes += winners.count_deletes() if rows_empty else applied.deleted
 
@@ -983,7 +984,12 @@ def _summary(observation: Observation, winners: Observation | None, schema: Tabl
 
 
 #: A tombstone table as :meth:`_Retained._read` reads it: its rows, and per app id the last batch it appended.
-_RetainedRead = tuple[DataFrame, dict[str, int]]
+#: A table's retained deletes as read (materialized), the last batch each app appended, and how many rows they are.
+#: Up to this many retained deletes (about 40 bytes each) are broadcast whole to a ranked batch's anti join; past
+#: it, only those of the batch's keys are, found by a semi join of the retained deletes with the batch's keys.
+RETAINED_BROADCAST_ROWS = BROADCAST_ROWS
+
+_RetainedRead = tuple[DataFrame, dict[str, int], int]
 
 
 class _Retained:
@@ -1000,6 +1006,8 @@ class _Retained:
 
     def __init__(self) -> None:
         self.parts: dict[str, list[DataFrame]] = {}
+        #: Per table, at most this many rows in ``parts`` (as read, plus each batch's valid deletes since).
+        self.rows: dict[str, int] = {}
         self.reading: dict[str, futures.Future[_RetainedRead]] = {}  # reads started by prefetch, not yet taken
         #: Per table, the last batch of this handler's app whose deletes the table holds: as read, then as appended.
         self.last_committed: dict[str, int] = {}
@@ -1030,22 +1038,23 @@ class _Retained:
         tombstones = read_table(spark, target).select(*version_columns(schema.table.keys), "_app_id", "_batch_id")
         # An empty table (a new replica's) needs no scan, which on a starting JVM costs a second.
         if is_empty(spark, target):
-            return spark.createDataFrame([], tombstones.schema), {}
+            return spark.createDataFrame([], tombstones.schema), {}, 0
         read = tombstones.localCheckpoint()
-        last = read.groupBy("_app_id").agg(F.max("_batch_id").alias("last")).collect()
-        return read, {str(row["_app_id"]): int(row["last"]) for row in last}
+        last = read.groupBy("_app_id").agg(F.max("_batch_id").alias("last"), F.count(F.lit(1)).alias("rows")).collect()
+        return read, {str(row["_app_id"]): int(row["last"]) for row in last}, sum(int(row["rows"]) for row in last)
 
     def of(self, spark: SparkSession, schema: TableSchema, table_app: str, batch_id: int) -> DataFrame:
         """The table's retained deletes as ``keys + _src_partition, _src_offset, _src_seq``."""
         name = schema.table.name
         if name not in self.parts:
             reading = self.reading.pop(name, None)
-            read, last = reading.result() if reading is not None else self._read(spark, schema)
+            read, last, rows = reading.result() if reading is not None else self._read(spark, schema)
             # A re-run of this batch must not see the tombstones its first run wrote (see the module docstring).
             app = f"{table_app}:tombstones"
             own = (F.col("_app_id") == F.lit(app)) & (F.col("_batch_id") == batch_id)
             self.parts[name] = [read.where(~own).select(*version_columns(schema.table.keys))]
             self.last_committed[name] = last.get(app, -1)
+            self.rows[name] = rows
         return reduce(DataFrame.unionByName, self.parts[name])
 
     def committed(self, name: str, batch_id: int) -> bool:
@@ -1066,10 +1075,12 @@ class _Retained:
     def forget(self, name: str) -> None:
         """Read the table again at the next batch (an append failed: whether it committed is not known)."""
         self.parts.pop(name, None)
+        self.rows.pop(name, None)
         self.last_committed.pop(name, None)
 
-    def add(self, name: str, winners_df: DataFrame, schema: TableSchema) -> None:
+    def add(self, name: str, winners: _Winners, schema: TableSchema) -> None:
         """Add the winning deletes of a batch whose tombstones are committed."""
+        winners_df = winners.df
         keys = [F.col(f"`{k}`") for k in schema.table.keys]
         deletes = winners_df.where(F.col("_op") == "delete").select(
             *keys,
@@ -1079,6 +1090,7 @@ class _Retained:
         )
         parts = self.parts[name]
         parts.append(deletes)
+        self.rows[name] = self.rows.get(name, 0) + winners.deletes
         if len(parts) > self.COMPACT_EVERY:
             self.parts[name] = [reduce(DataFrame.unionByName, parts).localCheckpoint()]
 
@@ -1121,6 +1133,7 @@ def _winners(
     retained_df: DataFrame,
     rows_empty: bool,
     ranked: bool = False,
+    retained_small: bool = False,
 ) -> _Winners | None:
     """The changes of this batch that win and are newer than what the tables hold, one per key; None if none.
 
@@ -1136,6 +1149,8 @@ def _winners(
 
     ``ranked``: the changes are one per key already, ranked in the decode's job; they are only checked against
     the retained deletes (an anti join), and no rows are read, as a ranked table's tombstones inherit no seq.
+    ``retained_small``: the retained deletes are few enough to broadcast whole to that anti join, which then
+    shuffles nothing (Spark cannot size an in-memory frame, so without the hint it shuffles both sides).
     """
     keys = list(schema.table.keys)
     version_cols = version_columns(schema.table.keys)
@@ -1146,6 +1161,9 @@ def _winners(
         return None
     ranged = len(keys) == 1 and isinstance(schema.key_schema.fields[0].dataType, RANGE_TYPES)
     key_range = KeyRange(keys[0], *summary.keys) if ranged else None
+    if ranked and retained_small:  # one change per key already: only those newer than every known version remain
+        winners_df = unapplied(valid_df, keys, F.broadcast(retained_df))
+        return _Winners(winners_df.localCheckpoint(), rows, summary.deletes, key_range)
     batch_keys = valid_df.select(*keys).distinct()
     if rows <= BROADCAST_ROWS:
         batch_keys = F.broadcast(batch_keys)
@@ -1156,7 +1174,7 @@ def _winners(
             rows_df = rows_df.where(key.between(*summary.tombstone_keys))
         tombstone_keys = valid_df.where(F.col("_tombstone")).select(*keys).distinct()
         states.append(rows_df.join(F.broadcast(tombstone_keys), keys, "left_semi").select(*version_cols))
-    if ranked:  # one change per key already: only those newer than every known version of their key remain
+    if ranked:
         winners_df = unapplied(valid_df, keys, reduce(DataFrame.unionByName, states))
     else:
         winners_df = latest_per_key(valid_df, keys, current_versions(keys, *states))
