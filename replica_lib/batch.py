@@ -1150,7 +1150,7 @@ def _winners(
     ``ranked``: the changes are one per key already, ranked in the decode's job; they are only checked against
     the retained deletes (an anti join), and no rows are read, as a ranked table's tombstones inherit no seq.
     ``retained_small``: the retained deletes are few enough to broadcast whole to that anti join, which then
-    shuffles nothing (Spark cannot size an in-memory frame, so without the hint it shuffles both sides).
+    shuffles nothing (without the hint, Spark's estimates of the in-memory frames chose a shuffle in some runs).
     """
     keys = list(schema.table.keys)
     version_cols = version_columns(schema.table.keys)
