@@ -1079,37 +1079,61 @@ def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     return json_path, png_path
 
 
+#: The catch-up's one-batch contenders (a whole backlog in one batch): plotted apart from the streaming ones.
+ONE_BATCH = ("ceiling_bulk", "rebuild")
+
+
+def _pairs(ax: Any, names: list[str], first: list[float], second: list[float], labels: tuple[str, str]) -> None:
+    """Two bars per name, side by side (e.g. p50 and p99), the names under them."""
+    width = 0.4
+    xs = range(len(names))
+    ax.bar([x - width / 2 for x in xs], first, width, label=labels[0])
+    ax.bar([x + width / 2 for x in xs], second, width, label=labels[1])
+    ax.set_xticks(list(xs), names)
+    ax.legend(fontsize=8)
+
+
 def plot(report: dict[str, Any], path: Path) -> None:
+    """The run's figures as six panels: catch-up rate (and each contender's ratio to the ceiling), batch times,
+    freshness, batch time as the table grows, reader costs, and the one-batch rebuild."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4.5))
+    fig, grid = plt.subplots(2, 3, figsize=(17, 9))
+    axes = list(grid.flat)
     catch = report.get("catch_up", {})
-    names = list(catch)
-    axes[0].bar(names, [catch[n]["events_per_s"] for n in names], color="tab:blue")
-    axes[0].set_title("catch-up (events/s, higher is better)")
+    names = [n for n in catch if n not in ONE_BATCH]
+    rates = [catch[n]["events_per_s"] or 0 for n in names]
+    bars = axes[0].bar(names, rates, color="tab:blue")
+    ceiling = catch.get("ceiling", {}).get("events_per_s")
+    if ceiling:  # each bar says its share of the ceiling's rate
+        axes[0].bar_label(bars, [f"{rate / ceiling:.2f}x" for rate in rates], fontsize=8)
+    axes[0].set_title("catch-up (events/s, higher is better; label: ÷ ceiling)")
     for x, name in enumerate(names):
         each = catch[name].get("rounds_events_per_s")
         if each:  # the median round's bar, a dot for every round
             axes[0].plot([x] * len(each), each, "o", color="black", markersize=3)
             axes[0].set_title(f"catch-up (events/s; bar: median of {len(each)} rounds, dots: each)")
-    axes[1].bar([f"{n}\np50" for n in names], [catch[n]["batch_p50_s"] or 0 for n in names], color="tab:green")
-    axes[1].bar([f"{n}\np99" for n in names], [catch[n]["batch_p99_s"] or 0 for n in names], color="tab:olive")
-    axes[1].set_title("catch-up batch time (s)")
+    p50 = [catch[n]["batch_p50_s"] or 0 for n in names]
+    p99 = [catch[n]["batch_p99_s"] or 0 for n in names]
+    _pairs(axes[1], names, p50, p99, ("p50", "p99"))
+    axes[1].set_title("catch-up batch time (s, lower is better)")
     fresh = report.get("freshness", {})
     fnames = list(fresh)
-    width = 0.4
-    xs = range(len(fnames))
-    axes[2].bar([x - width / 2 for x in xs], [fresh[n]["fresh_p50_s"] or 0 for n in fnames], width, label="p50")
-    axes[2].bar([x + width / 2 for x in xs], [fresh[n]["fresh_p99_s"] or 0 for n in fnames], width, label="p99")
-    axes[2].set_xticks(list(xs), fnames)
+    _pairs(
+        axes[2],
+        fnames,
+        [fresh[n]["fresh_p50_s"] or 0 for n in fnames],
+        [fresh[n]["fresh_p99_s"] or 0 for n in fnames],
+        ("p50", "p99"),
+    )
     ceiling_p99 = fresh.get("ceiling", {}).get("fresh_p99_s")
     if ceiling_p99:  # the target: at most 1.3 times the ceiling's p99
         axes[2].axhline(1.3 * ceiling_p99, color="red", linestyle="--", linewidth=1, label="target p99 (1.3 x ceiling)")
-    axes[2].set_title(f"freshness at {report['workload']['fresh_rate']} events/s (s)")
-    axes[2].legend()
+        axes[2].legend(fontsize=8)
+    axes[2].set_title(f"freshness at {report['workload']['fresh_rate']} events/s (s, lower is better)")
     for contender, entry in GROWTH_REPORTS.items():
         for keys, growth in report.get(entry, {}).items():
             sizes = sorted(growth, key=int)
@@ -1124,8 +1148,29 @@ def plot(report: dict[str, Any], path: Path) -> None:
     if axes[3].lines:  # a run without the growth phase leaves it empty
         axes[3].legend(title="keys", fontsize=7)
     axes[3].set_title(f"batch of {report['workload']['growth_batch_size']} vs table rows (s)")
-    for ax in axes[:3]:
-        ax.tick_params(axis="x", labelsize=7, rotation=45)
+    axes[3].set_xlabel("table rows")
+    readers: list[tuple[str, dict[str, Any]]] = []
+    for contender, entry in report.get("readers", {}).items():
+        if "pending" in entry:  # merge-on-read: with its changes pending, then folded
+            readers += [(f"{contender}\n{entry['pending_changes']} pending", entry["pending"])]
+            readers += [(f"{contender}\nfolded", entry["folded"])]
+        else:
+            readers.append((contender, entry))
+    if readers:
+        _pairs(
+            axes[4],
+            [name for name, _ in readers],
+            [costs.get("aggregate_s") or 0 for _, costs in readers],
+            [costs.get("point_s") or 0 for _, costs in readers],
+            ("aggregate", "point lookup"),
+        )
+    axes[4].set_title("a reader's query of the state (s, median)")
+    one = [n for n in ONE_BATCH if n in catch]
+    labels = {"ceiling_bulk": "ceiling", "rebuild": "ours (rebuild)"}
+    axes[5].bar([labels[n] for n in one], [catch[n]["batch_p50_s"] or 0 for n in one], color="tab:purple")
+    axes[5].set_title("the whole backlog in one batch (s): rebuild")
+    for ax in (axes[0], axes[1], axes[2], axes[5]):
+        ax.tick_params(axis="x", labelsize=8, rotation=30)
     machine = report["machine"]
     fig.suptitle(f"replica bench {report['started']} - {machine['cores']} cores, Spark {machine['spark']}")
     fig.tight_layout()
