@@ -241,6 +241,8 @@ _JVM_NOISE = re.compile(
     r"|To adjust logging level use sc\.setLogLevel|WARNING: Using incubator modules: jdk\.incubator\.vector$"
     r"|.* WARN NativeCodeLoader: Unable to load native-hadoop library"
     r"|.* WARN SparkStringUtils: Truncated the string representation of a plan"
+    # Every streaming query's start: Spark itself runs a stream's micro-batches without adaptive execution.
+    r"|.* WARN ResolveWriteToStream: spark\.sql\.adaptive\.enabled is not supported in streaming DataFrames"
     # The local catalog (a Hive metastore) on every start, and for every Delta table it registers:
     r"|.* WARN HiveExternalCatalog: Couldn't find corresponding Hive SerDe for data source provider delta\."
     r"|.* WARN SessionState: METASTORE_FILTER_HOOK will be ignored"

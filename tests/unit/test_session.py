@@ -55,6 +55,8 @@ Using Spark's default log4j profile: org/apache/spark/log4j2-defaults.properties
 Setting default log level to "WARN".
 To adjust logging level use sc.setLogLevel(newLevel). For SparkR, use setLogLevel(newLevel).
 26/11/25 20:27:32 WARN SparkStringUtils: Truncated the string representation of a plan since it was too large.
+26/12/06 03:13:55 WARN ResolveWriteToStream: spark.sql.adaptive.enabled is not supported in streaming \
+DataFrames/Datasets and will be disabled.
 26/11/25 20:34:56 WARN HiveExternalCatalog: Couldn't find corresponding Hive SerDe for data source provider delta. \
 Persisting data source table `spark_catalog`.`orders_a`.`orders__raw` into Hive metastore in Spark SQL specific format.
 26/11/25 20:34:56 WARN SessionState: METASTORE_FILTER_HOOK will be ignored, since hive.security.authorization.manager
