@@ -243,6 +243,14 @@ _JVM_NOISE = re.compile(
     r"|.* WARN SparkStringUtils: Truncated the string representation of a plan"
     # Every streaming query's start: Spark itself runs a stream's micro-batches without adaptive execution.
     r"|.* WARN ResolveWriteToStream: spark\.sql\.adaptive\.enabled is not supported in streaming DataFrames"
+    # A stream stopped between two jobs: Spark finds no job of its group to cancel.
+    r"|.* WARN DAGScheduler: Failed to cancel job group \S+\. Cannot find active jobs for it\.$"
+    # Every MERGE of a batch's winners: they are broadcast to the scan for the files they touch, and Delta's rewrite
+    # (an outer join that keeps the winners) cannot take the hint.
+    r"|.* WARN HintErrorLogger: Hint \(strategy=broadcast\) is not supported in the query: "
+    r"build left for (full|left) outer join\.$"
+    # Every fold's retirement of changes from a change log, whose appends keep no row counts.
+    r"|.* WARN DeleteCommand: Could not validate number of records due to missing statistics\.$"
     # The local catalog (a Hive metastore) on every start, and for every Delta table it registers:
     r"|.* WARN HiveExternalCatalog: Couldn't find corresponding Hive SerDe for data source provider delta\."
     r"|.* WARN SessionState: METASTORE_FILTER_HOOK will be ignored"

@@ -55,12 +55,23 @@ Using Spark's default log4j profile: org/apache/spark/log4j2-defaults.properties
 Setting default log level to "WARN".
 To adjust logging level use sc.setLogLevel(newLevel). For SparkR, use setLogLevel(newLevel).
 26/11/25 20:27:32 WARN SparkStringUtils: Truncated the string representation of a plan since it was too large.
-26/12/06 03:13:55 WARN ResolveWriteToStream: spark.sql.adaptive.enabled is not supported in streaming \
-DataFrames/Datasets and will be disabled.
 26/11/25 20:34:56 WARN HiveExternalCatalog: Couldn't find corresponding Hive SerDe for data source provider delta. \
 Persisting data source table `spark_catalog`.`orders_a`.`orders__raw` into Hive metastore in Spark SQL specific format.
 26/11/25 20:34:56 WARN SessionState: METASTORE_FILTER_HOOK will be ignored, since hive.security.authorization.manager
 26/11/25 20:34:56 WARN HiveConf: HiveConf of name hive.internal.ss.authz.settings.applied.marker does not exist
+"""
+
+#: What Spark and Delta print of every stream's start and stop, every MERGE and every fold, asking nothing of anyone.
+RUN = """\
+26/12/06 03:13:55 WARN ResolveWriteToStream: spark.sql.adaptive.enabled is not supported in streaming \
+DataFrames/Datasets and will be disabled.
+26/12/06 02:25:49 WARN DAGScheduler: Failed to cancel job group 0ff1a10b-f98d-4109-ad65-51624ef66120. Cannot find \
+active jobs for it.
+26/12/06 01:55:42 WARN HintErrorLogger: Hint (strategy=broadcast) is not supported in the query: build left for full \
+outer join.
+26/12/06 01:55:42 WARN HintErrorLogger: Hint (strategy=broadcast) is not supported in the query: build left for left \
+outer join.
+26/12/06 01:55:43 WARN DeleteCommand: Could not validate number of records due to missing statistics.
 """
 
 #: What must still reach the user: a download in progress, a dependency Ivy could not resolve, any other warning.
@@ -73,11 +84,18 @@ downloading https://repo1.maven.org/maven2/io/delta/delta-spark_4.2_2.13/4.4.0/d
 :: USE VERBOSE OR DEBUG MESSAGE LEVEL FOR MORE DETAILS
 Exception in thread "main" java.lang.RuntimeException: [unresolved dependency: io.delta#delta-spark_4.2_2.13;9.9.9]
 26/11/25 20:27:40 WARN KafkaDataConsumer: KafkaDataConsumer is not running in UninterruptibleThread.
+26/12/06 01:55:42 WARN HintErrorLogger: Hint (strategy=broadcast) is not supported in the query: build left for \
+right outer join in the user's own query.
 """
 
 
 def test_the_start_up_report_is_dropped() -> None:
     kept = [line for line in START_UP.splitlines(keepends=True) if not _JVM_NOISE.match(line)]
+    assert kept == []
+
+
+def test_what_every_stream_merge_and_fold_prints_is_dropped() -> None:
+    kept = [line for line in RUN.splitlines(keepends=True) if not _JVM_NOISE.match(line)]
     assert kept == []
 
 
