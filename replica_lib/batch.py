@@ -517,7 +517,7 @@ class BatchHandler:
             deletes_df = self._retained.of(batch.spark, schema, table_app, batch.batch_id)
             changes_df = decoded.changes[table.name]
             ranked = table.name in decoded.ranked
-            small = self._retained.rows.get(table.name, RETAINED_BROADCAST_ROWS + 1) <= RETAINED_BROADCAST_ROWS
+            small = self._retained.few(table.name)
             winners = _winners(batch.spark, changes_df, summary, schema, deletes_df, rows_empty, ranked, small)
         if winners is None:
             return
@@ -983,12 +983,12 @@ def _summary(observation: Observation, winners: Observation | None, schema: Tabl
     )
 
 
-#: A tombstone table as :meth:`_Retained._read` reads it: its rows, and per app id the last batch it appended.
-#: A table's retained deletes as read (materialized), the last batch each app appended, and how many rows they are.
 #: Up to this many retained deletes (about 40 bytes each) are broadcast whole to a ranked batch's anti join; past
 #: it, only those of the batch's keys are, found by a semi join of the retained deletes with the batch's keys.
 RETAINED_BROADCAST_ROWS = BROADCAST_ROWS
 
+#: A tombstone table as :meth:`_Retained._read` reads it: its rows, per app id the last batch it appended, and how
+#: many rows they are.
 _RetainedRead = tuple[DataFrame, dict[str, int], int]
 
 
@@ -1056,6 +1056,10 @@ class _Retained:
             self.last_committed[name] = last.get(app, -1)
             self.rows[name] = rows
         return reduce(DataFrame.unionByName, self.parts[name])
+
+    def few(self, name: str) -> bool:
+        """Whether the table's retained deletes held (read by :meth:`of`) are few enough to broadcast whole."""
+        return self.rows.get(name, RETAINED_BROADCAST_ROWS + 1) <= RETAINED_BROADCAST_ROWS
 
     def committed(self, name: str, batch_id: int) -> bool:
         """Whether this batch's deletes are in the tombstone table already, so they must not be appended again: a
