@@ -31,6 +31,7 @@ from replica_lib.merge import (
     Commit,
     KeyRange,
     append_tombstones,
+    checkpoint,
     merge_rows,
     retire_changes,
     typed_conflicts,
@@ -253,6 +254,7 @@ def fold(
             at(FOLD_POINTS[1])
     with retiring or contextlib.nullcontext():
         retire(spark, table, marks)
+    checkpoint(spark, log)  # here, beside the batches, not inside a batch's append (target.CHANGE_LOG_CHECKPOINTS)
     return Folded(applied.version, rows, merged.upserted, merged.deleted)
 
 

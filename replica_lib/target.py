@@ -262,14 +262,21 @@ def _snapshot(spark: SparkSession, target: Target) -> Any:
     A table at a path is asked through its ``DeltaLog``: ``DeltaTable.forPath`` would first resolve a DataFrame
     over the table, several times the cost of the log's update, and a merge-on-read read asks three tables.
     """
+    log = delta_log(spark, target)
+    if log is None:
+        return None
     none = java_class(spark, "scala.Option").empty()
+    snapshot = log.update(False, none, none)
+    return snapshot if snapshot.version() >= 0 else None
+
+
+def delta_log(spark: SparkSession, target: Target) -> Any:
+    """The table's ``DeltaLog`` (a JVM object); None for a table by name that does not exist."""
     if target.path:
-        log = java_class(spark, "org.apache.spark.sql.delta.DeltaLog").forTable(spark._jsparkSession, target.path)
-        snapshot = log.update(False, none, none)
-        return snapshot if snapshot.version() >= 0 else None
+        return java_class(spark, "org.apache.spark.sql.delta.DeltaLog").forTable(spark._jsparkSession, target.path)
     if not table_exists(spark, target):
         return None
-    return delta_table(spark, target)._jdt.deltaLog().update(False, none, none)
+    return delta_table(spark, target)._jdt.deltaLog()
 
 
 def ensure_table(
@@ -279,6 +286,7 @@ def ensure_table(
     description: str,
     deletion_vectors: bool | None = None,
     grows: bool = False,
+    checkpoint_interval: int | None = None,
 ) -> None:
     """Create the Delta table if it does not exist; an existing one must have exactly ``schema``'s columns.
 
@@ -287,6 +295,7 @@ def ensure_table(
 
     ``deletion_vectors``: a replica table's setting (``TableConfig.deletion_vectors``), which an existing table
     must match; None for append-only tables, which go without them (their reads are cheaper).
+    ``checkpoint_interval``: a new table's ``delta.checkpointInterval`` (None: Delta's default, 10 commits).
     """
     from delta.tables import DeltaTable
 
@@ -318,11 +327,19 @@ def ensure_table(
     builder = DeltaTable.createIfNotExists(spark).addColumns(schema).comment(description)
     builder = builder.location(target.path) if target.path else builder.tableName(str(target.table))
     builder = builder.property(_DELETION_VECTORS, "true" if deletion_vectors else "false")
+    if checkpoint_interval is not None:
+        builder = builder.property(_CHECKPOINT_INTERVAL, str(checkpoint_interval))
     builder.execute()
     logger.info("created Delta table %s", target.describe())
 
 
 _DELETION_VECTORS = "delta.enableDeletionVectors"
+_CHECKPOINT_INTERVAL = "delta.checkpointInterval"
+#: A change log's ``delta.checkpointInterval``. Delta writes a checkpoint inside the commit whose version is a
+#: multiple of it, which for a change log is a batch's append: at Delta's default (10), every tenth batch took
+#: a second or more longer. Each fold checkpoints the change log instead (``checkpoint``), beside the batches;
+#: this interval only bounds the log's length when nothing folds.
+CHANGE_LOG_CHECKPOINTS = 100
 
 
 def _check_deletion_vectors(spark: SparkSession, target: Target, wanted: bool) -> None:
@@ -367,12 +384,12 @@ def ensure_replica_tables(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, 
         description = f"replica {cfg.name}: retained deletes of {table.name}"
         ensure.append(_Ensure(tombstone_target(table), schema.tombstone_schema, description))
         if table.merge_on_read:
-            if table_exists(spark, changes_target(table)):
-                log = changes_target(table)
+            log = changes_target(table)
+            if table_exists(spark, log):
                 _align(spark, log, user_columns(read_table(spark, log).schema), schema, cfg.name, "the table's")
             else:
                 description = f"replica {cfg.name}: changes of {table.name} not yet folded into it"
-                ensure.append(_Ensure(changes_target(table), schema.changes_schema, description))
+                ensure.append(_Ensure(log, schema.changes_schema, description, None, False, CHANGE_LOG_CHECKPOINTS))
         schemas[table.name] = schema
     description = f"replica {cfg.name}: records that could not be applied"
     ensure.append(_Ensure(cfg.quarantine, QUARANTINE_SCHEMA, description, grows=True))
@@ -391,6 +408,7 @@ class _Ensure:
     description: str
     deletion_vectors: bool | None = None
     grows: bool = False
+    checkpoint_interval: int | None = None
 
 
 #: Tables checked or created at once: each is a few small Spark jobs and a commit, mostly driver latency.
@@ -403,7 +421,15 @@ def _ensure_all(spark: SparkSession, calls: Sequence[_Ensure]) -> None:
     once all have ended."""
 
     def one(call: _Ensure) -> None:
-        ensure_table(spark, call.target, call.schema, call.description, call.deletion_vectors, call.grows)
+        ensure_table(
+            spark,
+            call.target,
+            call.schema,
+            call.description,
+            call.deletion_vectors,
+            call.grows,
+            call.checkpoint_interval,
+        )
 
     if len(calls) < 2 or any(call.target.path is None for call in calls):
         for call in calls:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import threading
@@ -18,12 +19,20 @@ from replica_dev import loadgen
 from replica_dev.conf import replica_doc, write_replica
 from replica_dev.model import LoggedChange
 from replica_lib.batch import BatchHooks, BatchStats
-from replica_lib.config import MERGE_ON_READ, ReplicaConfig, load_replica
+from replica_lib.config import MERGE_ON_READ, ReplicaConfig, Target, load_replica
 from replica_lib.layout import FOLD_POINTS, fold, state_sql
 from replica_lib.producer import Change, ChangeProducer
 from replica_lib.rebuild import rebuild_config
 from replica_lib.stream import run_replica, start_replica
-from replica_lib.target import changes_target, current_schema, read_table, table_schema, tombstone_target
+from replica_lib.target import (
+    CHANGE_LOG_CHECKPOINTS,
+    changes_target,
+    current_schema,
+    latest_version,
+    read_table,
+    table_schema,
+    tombstone_target,
+)
 from tests.integration.support import (
     RUN_TIMEOUT_S,
     delete,
@@ -95,6 +104,13 @@ def pending(spark: SparkSession, cfg: ReplicaConfig) -> int:
     return read_table(spark, changes_target(cfg.table("orders"))).count()
 
 
+def last_checkpoint(target: Target) -> int | None:
+    """The version of the table's last checkpoint, as its log's ``_last_checkpoint`` file says (None: none)."""
+    assert target.path is not None
+    marker = Path(target.path) / "_delta_log" / "_last_checkpoint"
+    return int(json.loads(marker.read_text())["version"]) if marker.exists() else None
+
+
 class Crash(Exception):
     pass
 
@@ -137,6 +153,11 @@ def test_the_state_equals_the_model_before_and_after_a_fold_and_a_fold_killed_an
     assert folded.version is not None and folded.keys == 6
     assert_folded(spark, cfg, log)
     assert_state(spark, cfg, log)
+    # The fold checkpoints the change log; a batch's append does so only every CHANGE_LOG_CHECKPOINTS commits.
+    changes = changes_target(cfg.table("orders"))
+    assert last_checkpoint(changes) == latest_version(spark, changes)
+    interval = spark.sql(f"SHOW TBLPROPERTIES {changes.describe()} ('delta.checkpointInterval')").first()
+    assert interval is not None and interval["value"] == str(CHANGE_LOG_CHECKPOINTS)
 
     second: list[Change] = [
         upsert(2, 4, "v4-late"),  # older than the folded seq 5
