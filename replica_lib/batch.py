@@ -700,11 +700,11 @@ class _Folds:
 
     A fold reads the change log as it is when it starts, MERGEs into the base and appends retained deletes (which
     no batch writes): the batches go on appending meanwhile, and readers see the state throughout (see
-    :mod:`replica_lib.layout`). It retires its changes holding :attr:`retiring`, which the batches' appends take
-    too: Delta isolates commits serializably, so a DELETE of the change log fails when a batch appended to it
-    meanwhile. A fold is a few seconds of Spark jobs, as long as several small batches: run inside a batch, it set
-    the replica's freshness. What a fold raises (other than losing a race to another fold) fails the next batch,
-    before it writes.
+    :mod:`replica_lib.layout`). A change log created before it was partitioned by batch is retired holding
+    :attr:`retiring`, which the batches' appends take too: Delta refuses a DELETE of its rows when a batch appended
+    meanwhile; a partitioned one's retirement takes no lock. A fold is a few seconds of Spark jobs, as long as
+    several small batches: run inside a batch, it set the replica's freshness. What a fold raises (other than
+    losing a race to another fold) fails the next batch, before it writes.
     """
 
     def __init__(self, replica: str) -> None:
@@ -713,7 +713,7 @@ class _Folds:
         self._running: futures.Future[None] | None = None
         self._owed: dict[str, TableSchema] = {}  # tables whose turn came while a fold ran
         self._session: SparkSession | None = None
-        #: Held by a fold's retirement and by each append of a batch to a change log.
+        #: Held by a fold's retirement from an unpartitioned change log and by each append of a batch to one.
         self.retiring = threading.Lock()
 
     def start(

@@ -39,6 +39,7 @@ from replica_lib.merge import (
 from replica_lib.ordering import one_per_key, unapplied
 from replica_lib.progress import applied_offsets, offsets_json
 from replica_lib.target import (
+    CHANGE_LOG_PARTITIONS,
     PROVENANCE_COLUMNS,
     TableSchema,
     changes_target,
@@ -46,6 +47,7 @@ from replica_lib.target import (
     delta_table,
     latest_version,
     log_state,
+    partition_columns,
     read_table,
     size_bytes,
     tombstone_target,
@@ -188,9 +190,11 @@ def fold(
     again after a crash skips what it committed. Safe beside a running replica, which only appends to the
     change log; two folds at once may conflict, and the loser's changes are folded by the next fold.
 
-    ``retiring``: held while the applied changes are retired (a DELETE of the change log, which Delta refuses
-    when a batch appended to the log meanwhile: it isolates every commit serializably, and :func:`retire` tries
-    again then); a replica that folds beside its batches holds its appends back with it.
+    ``retiring``: held while the applied changes are retired from a change log that is not partitioned by batch
+    (one created before :data:`~replica_lib.target.CHANGE_LOG_PARTITIONS`): Delta refuses a DELETE of its rows when
+    a batch appended to it meanwhile, and :func:`retire` tries again then; a replica that folds beside its
+    batches holds its appends back with it. A partitioned change log's retirement removes whole partitions, which
+    Delta does not refuse then: it takes no lock, and no batch waits for it.
     """
     table = schema.table
     log = changes_target(table)
@@ -252,7 +256,8 @@ def fold(
         merged = merge_rows(spark, table.target, gated, schema, commit, rows, key_range)
         if at is not None:
             at(FOLD_POINTS[1])
-    with retiring or contextlib.nullcontext():
+    by_batch = partition_columns(spark, log) == CHANGE_LOG_PARTITIONS
+    with retiring if retiring is not None and not by_batch else contextlib.nullcontext():
         retire(spark, table, marks)
     checkpoint(spark, log)  # here, beside the batches, not inside a batch's append (target.CHANGE_LOG_CHECKPOINTS)
     return Folded(applied.version, rows, merged.upserted, merged.deleted)
@@ -266,8 +271,9 @@ def retire(spark: SparkSession, table: TableConfig, marks: dict[str, int]) -> No
     """Delete the changes a fold applied from the table's change log: ``marks`` holds, per generation, the last
     batch whose changes it applied. Repeating it is harmless.
 
-    Delta isolates every commit serializably: a DELETE fails when a batch appended to the table while it ran,
-    though no appended change is one it deletes. It is tried again then, on the new version.
+    Delta isolates every commit serializably: a DELETE by other than partition columns fails when a batch
+    appended to the table while it ran, though no appended change is one it deletes. It is tried again then, on
+    the new version.
     """
     for attempt in range(1, RETIRE_ATTEMPTS + 1):
         try:

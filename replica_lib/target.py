@@ -270,6 +270,15 @@ def _snapshot(spark: SparkSession, target: Target) -> Any:
     return snapshot if snapshot.version() >= 0 else None
 
 
+def partition_columns(spark: SparkSession, target: Target) -> tuple[str, ...]:
+    """The table's partition columns, from its log (none if there is no table)."""
+    snapshot = _snapshot(spark, target)
+    if snapshot is None:
+        return ()
+    columns = snapshot.metadata().partitionColumns()
+    return tuple(str(columns.apply(i)) for i in range(columns.size()))
+
+
 def delta_log(spark: SparkSession, target: Target) -> Any:
     """The table's ``DeltaLog`` (a JVM object); None for a table by name that does not exist."""
     if target.path:
@@ -286,7 +295,7 @@ def ensure_table(
     description: str,
     deletion_vectors: bool | None = None,
     grows: bool = False,
-    checkpoint_interval: int | None = None,
+    change_log: bool = False,
 ) -> None:
     """Create the Delta table if it does not exist; an existing one must have exactly ``schema``'s columns.
 
@@ -295,7 +304,8 @@ def ensure_table(
 
     ``deletion_vectors``: a replica table's setting (``TableConfig.deletion_vectors``), which an existing table
     must match; None for append-only tables, which go without them (their reads are cheaper).
-    ``checkpoint_interval``: a new table's ``delta.checkpointInterval`` (None: Delta's default, 10 commits).
+    ``change_log``: a new table is a merge-on-read change log, partitioned by :data:`CHANGE_LOG_PARTITIONS` and
+    checkpointed every :data:`CHANGE_LOG_CHECKPOINTS` commits.
     """
     from delta.tables import DeltaTable
 
@@ -327,8 +337,9 @@ def ensure_table(
     builder = DeltaTable.createIfNotExists(spark).addColumns(schema).comment(description)
     builder = builder.location(target.path) if target.path else builder.tableName(str(target.table))
     builder = builder.property(_DELETION_VECTORS, "true" if deletion_vectors else "false")
-    if checkpoint_interval is not None:
-        builder = builder.property(_CHECKPOINT_INTERVAL, str(checkpoint_interval))
+    if change_log:
+        builder = builder.partitionedBy(*CHANGE_LOG_PARTITIONS)
+        builder = builder.property(_CHECKPOINT_INTERVAL, str(CHANGE_LOG_CHECKPOINTS))
     builder.execute()
     logger.info("created Delta table %s", target.describe())
 
@@ -340,6 +351,10 @@ _CHECKPOINT_INTERVAL = "delta.checkpointInterval"
 #: a second or more longer. Each fold checkpoints the change log instead (``checkpoint``), beside the batches;
 #: this interval only bounds the log's length when nothing folds.
 CHANGE_LOG_CHECKPOINTS = 100
+#: A change log's partition columns: each batch appends a partition of its own, so a fold retires whole
+#: partitions, a DELETE that reads no row and that Delta does not refuse when a batch appended meanwhile (it
+#: refuses a DELETE by other columns then, so the batches waited for each retirement: see ``layout.retire``).
+CHANGE_LOG_PARTITIONS = ("_generation", "_batch_id")
 
 
 def _check_deletion_vectors(spark: SparkSession, target: Target, wanted: bool) -> None:
@@ -389,7 +404,7 @@ def ensure_replica_tables(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, 
                 _align(spark, log, user_columns(read_table(spark, log).schema), schema, cfg.name, "the table's")
             else:
                 description = f"replica {cfg.name}: changes of {table.name} not yet folded into it"
-                ensure.append(_Ensure(log, schema.changes_schema, description, None, False, CHANGE_LOG_CHECKPOINTS))
+                ensure.append(_Ensure(log, schema.changes_schema, description, change_log=True))
         schemas[table.name] = schema
     description = f"replica {cfg.name}: records that could not be applied"
     ensure.append(_Ensure(cfg.quarantine, QUARANTINE_SCHEMA, description, grows=True))
@@ -408,7 +423,7 @@ class _Ensure:
     description: str
     deletion_vectors: bool | None = None
     grows: bool = False
-    checkpoint_interval: int | None = None
+    change_log: bool = False
 
 
 #: Tables checked or created at once: each is a few small Spark jobs and a commit, mostly driver latency.
@@ -428,7 +443,7 @@ def _ensure_all(spark: SparkSession, calls: Sequence[_Ensure]) -> None:
             call.description,
             call.deletion_vectors,
             call.grows,
-            call.checkpoint_interval,
+            call.change_log,
         )
 
     if len(calls) < 2 or any(call.target.path is None for call in calls):

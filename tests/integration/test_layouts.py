@@ -26,9 +26,11 @@ from replica_lib.rebuild import rebuild_config
 from replica_lib.stream import run_replica, start_replica
 from replica_lib.target import (
     CHANGE_LOG_CHECKPOINTS,
+    CHANGE_LOG_PARTITIONS,
     changes_target,
     current_schema,
     latest_version,
+    partition_columns,
     read_table,
     table_schema,
     tombstone_target,
@@ -158,6 +160,7 @@ def test_the_state_equals_the_model_before_and_after_a_fold_and_a_fold_killed_an
     assert last_checkpoint(changes) == latest_version(spark, changes)
     interval = spark.sql(f"SHOW TBLPROPERTIES {changes.describe()} ('delta.checkpointInterval')").first()
     assert interval is not None and interval["value"] == str(CHANGE_LOG_CHECKPOINTS)
+    assert partition_columns(spark, changes) == CHANGE_LOG_PARTITIONS
 
     second: list[Change] = [
         upsert(2, 4, "v4-late"),  # older than the folded seq 5
@@ -180,7 +183,17 @@ def test_the_state_equals_the_model_before_and_after_a_fold_and_a_fold_killed_an
         log += produce(connection, topic, [upsert(7, len(log), f"after-{point}"), delete(4, 9)])
         run_available_now(spark, cfg)
         assert_state(spark, cfg, log)
-    fold(spark, cfg.name, schema)
+    # A change log partitioned by batch is retired without the lock the batches' appends take: this fold ends
+    # while another thread holds it.
+    held = threading.Lock()
+    held.acquire()
+    try:
+        beside = threading.Thread(target=fold, args=(spark, cfg.name, schema), kwargs={"retiring": held})
+        beside.start()
+        beside.join(timeout=RUN_TIMEOUT_S)
+        assert not beside.is_alive(), "the fold waited for the lock"
+    finally:
+        held.release()
     assert_folded(spark, cfg, log)
     assert fold(spark, cfg.name, schema).version is None  # nothing pending: a no-op
 
