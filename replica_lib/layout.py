@@ -45,6 +45,7 @@ from replica_lib.target import (
     changes_target,
     current_schema,
     delta_table,
+    file_count,
     latest_version,
     log_state,
     partition_columns,
@@ -238,9 +239,11 @@ def fold(
         key_range = KeyRange(keys[0], F.lit(counted["low"]).cast(key_type), F.lit(counted["high"]).cast(key_type))
     # A late upsert older than a retained delete of its key must not bring the row back; a delete always goes
     # to the MERGE, which deletes the row only if the delete is newer (and a re-run finds its own retained copy).
-    retained = read_table(spark, tombstone_target(table)).select(*version_columns(table.keys))
     upserts = winners.where(F.col("_op") == "upsert")
-    retained = retained.join(F.broadcast(upserts.select(*keys)), keys, "left_semi")
+    retained = None  # before the first fold there are none (and Spark would drop the join, warning of its hint)
+    if file_count(spark, tombstone_target(table)):
+        retained = read_table(spark, tombstone_target(table)).select(*version_columns(table.keys))
+        retained = retained.join(F.broadcast(upserts.select(*keys)), keys, "left_semi")
     gated = unapplied(upserts, keys, retained).unionByName(winners.where(F.col("_op") == "delete")).localCheckpoint()
 
     app = fold_app_id(replica, table.name)
