@@ -484,6 +484,10 @@ def _optimize(
 
 
 _RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
+#: Delta 4.4 ignores a VACUUM's retention other than 0 hours unless this is off, and keeps the table's
+#: ``delta.deletedFileRetentionDuration`` instead: a longer retention asked for, or the floor kept while the replica
+#: runs, would delete files that it was asked to keep.
+_RETENTION_IGNORED = "spark.databricks.delta.vacuum.retentionWindowIgnore.enabled"
 _VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
 _LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 
@@ -492,10 +496,11 @@ def vacuum_files(spark: SparkSession, target: Target, retain_hours: float) -> in
     """Delete the files of ``target`` that no version of the last ``retain_hours`` hours references (VACUUM).
 
     The caller has checked the retention (:func:`replica_lib.maintenance.vacuum_retention`), so Delta's own check,
-    which refuses less than a week whatever the table's settings, is off for this call. Returns the files
+    which refuses less than a week whatever the table's settings, is off for this call, and Delta keeps
+    ``retain_hours``, not the table's window (:data:`_RETENTION_IGNORED`). Returns the files
     deleted, from the ``VACUUM END`` commit that Delta logs with this session's settings (None if there is none).
     """
-    confs = {_RETENTION_CHECK: "false", _VACUUM_LOGGING: "true"}
+    confs = {_RETENTION_CHECK: "false", _RETENTION_IGNORED: "false", _VACUUM_LOGGING: "true"}
     if spark.conf.get(_LISTING_PARALLELISM, None) is None:  # a setting of the user's own stands
         # VACUUM lists the table's folders in this many tasks, by default 10,000: 15 s for an empty table on two
         # cores. The cluster's cores list a table of any size as fast.

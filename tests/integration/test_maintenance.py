@@ -15,7 +15,7 @@ from replica_dev.model import LoggedChange
 from replica_lib import batch
 from replica_lib.config import Target, load_replica
 from replica_lib.errors import ConcurrentDeleteReadError
-from replica_lib.merge import compact_files
+from replica_lib.merge import compact_files, vacuum_files
 from replica_lib.recovery import release_checkpoint
 from replica_lib.stream import start_replica
 from replica_lib.target import LogState, delta_table, file_count, latest_version, log_state, replica_targets, table_id
@@ -142,3 +142,18 @@ def test_the_logs_state_is_what_delta_says_of_the_table_and_none_where_there_is_
     assert state == LogState(version=1, files=int(detail[0]), size_bytes=int(detail[1]))
     assert state.files == 3 and latest_version(spark, table) == 1
     assert table_id(spark, table) == str(delta_table(spark, table).detail().first()["id"])
+
+
+def test_vacuum_keeps_the_hours_it_is_given_not_only_the_tables_window(spark: SparkSession, tmp_path: Path) -> None:
+    """A retention longer than the table's time-travel window keeps the files that no version in the window
+    references (Delta 4.4 uses the table's window unless told to take the one given)."""
+    path = tmp_path / "t"
+    spark.range(10).coalesce(1).write.format("delta").save(str(path))
+    first = set(path.glob("*.parquet"))
+    window = "'delta.deletedFileRetentionDuration' = 'interval 0 hours'"
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({window})")
+    spark.range(5).write.format("delta").mode("overwrite").save(str(path))  # the first files are now unreferenced
+    assert vacuum_files(spark, Target(path=str(path)), 100.0) == 0
+    assert first and all(f.exists() for f in first)
+    assert vacuum_files(spark, Target(path=str(path)), 0.0) == len(first)
+    assert not any(f.exists() for f in first)
