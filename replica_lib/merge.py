@@ -32,7 +32,7 @@ from replica_lib.errors import (
 )
 from replica_lib.ordering import newer
 from replica_lib.session import java_class
-from replica_lib.target import PROVENANCE_COLUMNS, TableSchema, delta_log, delta_table, size_bytes
+from replica_lib.target import PROVENANCE_COLUMNS, TableSchema, delta_table, latest_snapshot, size_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -457,11 +457,9 @@ def checkpoint(spark: SparkSession, target: Target) -> None:
     """Write a checkpoint of a table's log at its latest version: what Delta writes inside the commits whose
     version is a multiple of ``delta.checkpointInterval``, here at a time the caller chooses (a change log's,
     after its fold: ``replica_lib.layout.fold``). It changes no row and commits nothing."""
-    log = delta_log(spark, target)
-    if log is None:
-        return
-    none = java_class(spark, "scala.Option").empty()
-    log.checkpoint(log.update(False, none, none), none)
+    snapshot = latest_snapshot(spark, target)
+    if snapshot is not None:
+        snapshot.deltaLog().checkpoint(snapshot, java_class(spark, "scala.Option").empty())
 
 
 def _optimize(

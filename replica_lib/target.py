@@ -201,7 +201,7 @@ def table_id(spark: SparkSession, target: Target) -> str | None:
     The id is given when the table is created and kept by every commit (OPTIMIZE included): a table deleted and
     created again, or another table at the same place, has another id.
     """
-    snapshot = _snapshot(spark, target)
+    snapshot = latest_snapshot(spark, target)
     return None if snapshot is None else str(snapshot.metadata().id())
 
 
@@ -221,7 +221,7 @@ def log_state(spark: SparkSession, target: Target) -> LogState | None:
     counts them by reconstructing the table's state (three jobs, seconds on a starting JVM), so it serves only a
     commit without a checksum (a writer that does not write one).
     """
-    snapshot = _snapshot(spark, target)
+    snapshot = latest_snapshot(spark, target)
     if snapshot is None:
         return None
     version = int(snapshot.version())
@@ -247,7 +247,7 @@ def size_bytes(spark: SparkSession, target: Target) -> int | None:
 
 def latest_version(spark: SparkSession, target: Target) -> int | None:
     """The table's latest version, from its log alone (no Spark job); None if there is no table."""
-    snapshot = _snapshot(spark, target)
+    snapshot = latest_snapshot(spark, target)
     return None if snapshot is None else int(snapshot.version())
 
 
@@ -256,13 +256,13 @@ def is_empty(spark: SparkSession, target: Target) -> bool:
     return not file_count(spark, target)
 
 
-def _snapshot(spark: SparkSession, target: Target) -> Any:
+def latest_snapshot(spark: SparkSession, target: Target) -> Any:
     """The table's latest Delta snapshot (a JVM object), read from its log alone; None if there is no table.
 
     A table at a path is asked through its ``DeltaLog``: ``DeltaTable.forPath`` would first resolve a DataFrame
     over the table, several times the cost of the log's update, and a merge-on-read read asks three tables.
     """
-    log = delta_log(spark, target)
+    log = _delta_log(spark, target)
     if log is None:
         return None
     none = java_class(spark, "scala.Option").empty()
@@ -272,14 +272,14 @@ def _snapshot(spark: SparkSession, target: Target) -> Any:
 
 def partition_columns(spark: SparkSession, target: Target) -> tuple[str, ...]:
     """The table's partition columns, from its log (none if there is no table)."""
-    snapshot = _snapshot(spark, target)
+    snapshot = latest_snapshot(spark, target)
     if snapshot is None:
         return ()
     columns = snapshot.metadata().partitionColumns()
     return tuple(str(columns.apply(i)) for i in range(columns.size()))
 
 
-def delta_log(spark: SparkSession, target: Target) -> Any:
+def _delta_log(spark: SparkSession, target: Target) -> Any:
     """The table's ``DeltaLog`` (a JVM object); None for a table by name that does not exist."""
     if target.path:
         return java_class(spark, "org.apache.spark.sql.delta.DeltaLog").forTable(spark._jsparkSession, target.path)
