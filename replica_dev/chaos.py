@@ -89,6 +89,10 @@ class ChaosPlan:
     #: After the last restart, start a second instance of the running replica by mistake: it must fail at once
     #: and clearly, and the first must go on undisturbed.
     second_instance: bool = False
+    #: The replica's compaction cadence (``[compaction] every_batches``). Every batch makes each compaction turn
+    #: find the files its MERGE left beside the ones it only marked (deletion vectors), whatever the wall clock
+    #: made of the batches; every 2nd lets a turn fall after a MERGE that rewrote the whole small table.
+    compact_every_batches: int = 2
 
     def __post_init__(self) -> None:
         unknown_layouts = [layout for layout in self.layouts if layout not in WINDOWS]
@@ -99,8 +103,8 @@ class ChaosPlan:
             raise ValueError(f"crash windows {unknown} are not passed by the batches of {', '.join(self.layouts)}")
         if self.killed_windows is not None and not set(self.killed_windows) <= set(self.windows):
             raise ValueError(f"killed windows {list(self.killed_windows)}: give some of {list(self.windows)}")
-        if self.kills < 0 or self.keys < 1 or self.rate <= 0:
-            raise ValueError("kills must be >= 0, keys >= 1 and rate > 0")
+        if self.kills < 0 or self.keys < 1 or self.rate <= 0 or self.compact_every_batches < 1:
+            raise ValueError("kills must be >= 0, keys >= 1, rate > 0 and compact_every_batches >= 1")
 
     @property
     def windows(self) -> tuple[str, ...]:
@@ -298,7 +302,7 @@ class _Scenario:
             {table: orders_table(topics[table], **_layout(layout)) for table, layout in plan.tables.items()},
             source={"max_offsets_per_trigger": plan.max_offsets_per_trigger},
             trigger={"interval": "1 second"},
-            compaction={"every_batches": 2},
+            compaction={"every_batches": plan.compact_every_batches},
         )
         write_replica(self.conf, doc)
         self.report = ChaosReport(keys=plan.keys)

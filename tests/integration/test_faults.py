@@ -56,7 +56,11 @@ def test_broker_killed_under_a_running_replica_and_down_at_start_loses_and_doubl
     # the primary writing 2 changes a second (the soak's 20).
     with EmbeddedKafka(tmp_path / "broker", settings.state_dir, settings.java_home) as broker:
         report = run_broker_outages(
-            spark, ChaosPlan(keys=100, rate=2.0, seed=9, deletion_vectors=True), tmp_path / "run", broker, outages=1
+            spark,
+            ChaosPlan(keys=100, rate=2.0, seed=9, deletion_vectors=True, compact_every_batches=1),
+            tmp_path / "run",
+            broker,
+            outages=1,
         )
     print("\n".join(report.lines()))
     assert (report.broker_kills, report.kills) == (2, 0)  # one outage under a running replica, one before a start
