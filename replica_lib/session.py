@@ -249,6 +249,13 @@ _JVM_NOISE = re.compile(
     # (an outer join that keeps the winners) cannot take the hint.
     r"|.* WARN HintErrorLogger: Hint \(strategy=broadcast\) is not supported in the query: "
     r"build left for (full|left) outer join\.$"
+    # A MERGE whose winners match no row (every key new, or deleted before): Delta's write joins them to no file,
+    # and Spark drops that join with the winners' hint. Every hint is the replica's own, for speed only.
+    r"|.* WARN HintErrorLogger: A join hint \(strategy=broadcast\) is specified but it is not part of a join "
+    r"relation\.$"
+    # Delta's MERGE of maintenance (the superseded retained deletes) unpersisting the copy of its source it made.
+    r"|.* WARN MapPartitionsRDD: RDD \d+ was locally checkpointed, its lineage has been truncated and cannot be "
+    r"recomputed after unpersisting$"
     # Every fold's retirement of changes from a change log, whose appends keep no row counts.
     r"|.* WARN DeleteCommand: Could not validate number of records due to missing statistics\.$"
     # The local catalog (a Hive metastore) on every start, and for every Delta table it registers:

@@ -61,7 +61,8 @@ Persisting data source table `spark_catalog`.`orders_a`.`orders__raw` into Hive 
 26/11/25 20:34:56 WARN HiveConf: HiveConf of name hive.internal.ss.authz.settings.applied.marker does not exist
 """
 
-#: What Spark and Delta print of every stream's start and stop, every MERGE and every fold, asking nothing of anyone.
+#: What Spark and Delta print of every stream's start and stop, every MERGE (one that matches no row too), every fold
+#: and maintenance's MERGE, asking nothing of anyone.
 RUN = """\
 26/12/06 03:13:55 WARN ResolveWriteToStream: spark.sql.adaptive.enabled is not supported in streaming \
 DataFrames/Datasets and will be disabled.
@@ -72,6 +73,10 @@ outer join.
 26/12/06 01:55:42 WARN HintErrorLogger: Hint (strategy=broadcast) is not supported in the query: build left for left \
 outer join.
 26/12/06 01:55:43 WARN DeleteCommand: Could not validate number of records due to missing statistics.
+26/12/06 08:13:50 WARN HintErrorLogger: A join hint (strategy=broadcast) is specified but it is not part of a join \
+relation.
+26/12/06 08:11:40 WARN MapPartitionsRDD: RDD 505 was locally checkpointed, its lineage has been truncated and cannot \
+be recomputed after unpersisting
 """
 
 #: What must still reach the user: a download in progress, a dependency Ivy could not resolve, any other warning.
