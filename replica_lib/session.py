@@ -256,6 +256,8 @@ _JVM_NOISE = re.compile(
     # Delta's MERGE of maintenance (the superseded retained deletes) unpersisting the copy of its source it made.
     r"|.* WARN MapPartitionsRDD: RDD \d+ was locally checkpointed, its lineage has been truncated and cannot be "
     r"recomputed after unpersisting$"
+    # Every VACUUM's count (Delta prints it), which maintenance's own line for the table gives too.
+    r"|Deleted \d+ files and directories in a total of \d+ directories\.$"
     # Every fold's retirement of changes from a change log, whose appends keep no row counts.
     r"|.* WARN DeleteCommand: Could not validate number of records due to missing statistics\.$"
     # The local catalog (a Hive metastore) on every start, and for every Delta table it registers:

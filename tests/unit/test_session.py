@@ -62,7 +62,7 @@ Persisting data source table `spark_catalog`.`orders_a`.`orders__raw` into Hive 
 """
 
 #: What Spark and Delta print of every stream's start and stop, every MERGE (one that matches no row too), every fold
-#: and maintenance's MERGE, asking nothing of anyone.
+#: and maintenance's MERGE and VACUUM, asking nothing of anyone.
 RUN = """\
 26/12/06 03:13:55 WARN ResolveWriteToStream: spark.sql.adaptive.enabled is not supported in streaming \
 DataFrames/Datasets and will be disabled.
@@ -77,6 +77,7 @@ outer join.
 relation.
 26/12/06 08:11:40 WARN MapPartitionsRDD: RDD 505 was locally checkpointed, its lineage has been truncated and cannot \
 be recomputed after unpersisting
+Deleted 5 files and directories in a total of 1 directories.
 """
 
 #: What must still reach the user: a download in progress, a dependency Ivy could not resolve, any other warning.
