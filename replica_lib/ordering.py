@@ -121,9 +121,11 @@ def one_per_key(changes_df: DataFrame, keys: Sequence[str], late: bool = False) 
     Kafka tombstone last is not late: it deletes the key in the replica as after compaction.
 
     One aggregation (``max_by``, with a partial aggregation before its shuffle), so the decode's own job ranks the
-    batch: no window, no sort. It is the ranking of :func:`latest_per_key` wherever no Kafka tombstone inherits a
-    seq, i.e. on a table without ``sequence_by`` (every seq is null, the log position decides) or in a batch
-    without tombstones; a tombstone on a sequenced table needs the changes before it and the table's state.
+    batch: no window. Spark runs it sort-based (its buffer, the whole change, is a struct, which a hash aggregation
+    cannot hold): each side of the shuffle sorts by key what it aggregates. It is the ranking of
+    :func:`latest_per_key` wherever no Kafka tombstone inherits a seq, i.e. on a table without ``sequence_by``
+    (every seq is null, the log position decides) or in a batch without tombstones; a tombstone on a sequenced
+    table needs the changes before it and the table's state.
     Rejected records (``_error`` set) are grouped by their log coordinates, so copies of one record count once.
     """
     group, aggregates, selected = _ranking(tuple(changes_df.columns), tuple(keys), late)
