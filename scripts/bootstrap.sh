@@ -41,6 +41,9 @@ replica_bootstrap() {
     echo "$want" >"$stamp"
   fi
   export VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH" PYSPARK_PYTHON="$PY" PYSPARK_DRIVER_PYTHON="$PY"
+  # The local Spark of ./replica's own commands (setup, demo, chaos) binds to the loopback interface, as the local
+  # jobs of spark-submit.sh do; on a machine whose name resolves to it Spark otherwise warns at every start.
+  export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}"
 }
 
 # Prints the class-data archive for this Java and Spark, making it first if there is none: once, about a minute
