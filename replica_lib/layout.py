@@ -256,8 +256,7 @@ def fold(
         if at is not None:
             at(FOLD_POINTS[0])
         commit = Commit(app, folded_version, metadata)
-        empty = not file_count(spark, table.target)
-        merged = merge_rows(spark, table.target, gated, schema, commit, rows, key_range, into_empty=empty)
+        merged = merge_rows(spark, table.target, gated, schema, commit, rows, key_range)
         if at is not None:
             at(FOLD_POINTS[1])
     by_batch = partition_columns(spark, log) == CHANGE_LOG_PARTITIONS

@@ -196,14 +196,11 @@ def merge_rows(
     commit: Commit,
     rows: int,
     key_range: KeyRange | None = None,
-    into_empty: bool = False,
 ) -> Applied:
     """Apply one winning change per key to the replica table: newer deletes delete, newer upserts upsert.
 
     ``winners_df`` must be materialized (a local checkpoint): the MERGE reads it twice and does not copy it.
-    ``rows`` is the number of winners; ``key_range`` (optional) bounds the files the MERGE reads. ``into_empty``:
-    the table holds no file (a merge-on-read table's first fold), so there is no join to broadcast the winners to
-    (Spark would drop the join and warn of the hint).
+    ``rows`` is the number of winners; ``key_range`` (optional) bounds the files the MERGE reads.
     """
     is_delete, is_upsert = F.col("s._op") == "delete", F.col("s._op") == "upsert"
     values = {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in schema.kept.fields} | _provenance()
@@ -228,7 +225,7 @@ def merge_rows(
         metrics = (
             delta_table(spark, target)
             .alias("t")
-            .merge((winners_df if into_empty else _source(winners_df, rows)).alias("s"), on)
+            .merge(_source(winners_df, rows).alias("s"), on)
             .whenMatchedDelete(condition=is_delete & _source_newer())
             .whenMatchedUpdate(condition=is_upsert & _source_newer(), set=values)
             .whenNotMatchedInsert(condition=is_upsert, values=values)

@@ -249,8 +249,9 @@ _JVM_NOISE = re.compile(
     # (an outer join that keeps the winners) cannot take the hint.
     r"|.* WARN HintErrorLogger: Hint \(strategy=broadcast\) is not supported in the query: "
     r"build left for (full|left) outer join\.$"
-    # A MERGE whose winners match no row (every key new, or deleted before): Delta's write joins them to no file,
-    # and Spark drops that join with the winners' hint. Every hint is the replica's own, for speed only.
+    # A MERGE whose winners match no row (every key new, or deleted before; a merge-on-read table's first fold into
+    # its empty base): Delta joins them to no file, and Spark drops that join with the winners' hint. Every hint is
+    # the replica's own, for speed only.
     r"|.* WARN HintErrorLogger: A join hint \(strategy=broadcast\) is specified but it is not part of a join "
     r"relation\.$"
     # Delta's MERGE of maintenance (the superseded retained deletes) unpersisting the copy of its source it made.
