@@ -517,8 +517,8 @@ class BatchHandler:
             deletes_df = self._retained.of(batch.spark, schema, table_app, batch.batch_id)
             changes_df = decoded.changes[table.name]
             ranked = table.name in decoded.ranked
-            small = self._retained.few(table.name)
-            winners = _winners(batch.spark, changes_df, summary, schema, deletes_df, rows_empty, ranked, small)
+            small, none = self._retained.few(table.name), self._retained.none(table.name)
+            winners = _winners(batch.spark, changes_df, summary, schema, deletes_df, rows_empty, ranked, small, none)
         if winners is None:
             return
         applied = self._write(batch, table, schema, winners, rows_empty)
@@ -585,7 +585,7 @@ class BatchHandler:
         commit = Commit(table_app, batch.batch_id, batch.metadata)
         with batch.stage(f"{table.name}: merge"):
             if rows_empty:
-                return append_rows(table.target, winners.df, schema, commit)
+                return append_rows(table.target, winners.df, schema, commit, winners.upserts())
             return self._merge(batch, table, schema, winners, commit)
 
     def _merge(
@@ -864,10 +864,17 @@ class _Winners:
     rows: int  # at most this many winners (the batch's valid changes)
     deletes: int  # at most this many winning deletes (the batch's valid deletes)
     key_range: KeyRange | None
+    exact: bool = False  # ``rows`` and ``deletes`` are the winners' own counts (the ranking's, nothing taken out since)
 
     def count_deletes(self) -> int:
-        """The winning deletes, counted (a Spark job: only where a figure must be exact)."""
-        return self.df.where(F.col("_op") == "delete").count() if self.deletes else 0
+        """The winning deletes, counted (a Spark job, unless the counts are exact)."""
+        if self.exact or not self.deletes:
+            return self.deletes
+        return self.df.where(F.col("_op") == "delete").count()
+
+    def upserts(self) -> int | None:
+        """The winning upserts, if counted already."""
+        return self.rows - self.deletes if self.exact else None
 
 
 #: Records per partition of a batch, rounded up: a batch of up to this many runs in one partition, as most of its
@@ -1061,6 +1068,10 @@ class _Retained:
         """Whether the table's retained deletes held (read by :meth:`of`) are few enough to broadcast whole."""
         return self.rows.get(name, RETAINED_BROADCAST_ROWS + 1) <= RETAINED_BROADCAST_ROWS
 
+    def none(self, name: str) -> bool:
+        """Whether the table holds no retained deletes (read by :meth:`of`), nor did any batch add some since."""
+        return self.rows.get(name) == 0
+
     def committed(self, name: str, batch_id: int) -> bool:
         """Whether this batch's deletes are in the tombstone table already, so they must not be appended again: a
         re-run's first run appended them (before a crash, or in this handler).
@@ -1138,6 +1149,7 @@ def _winners(
     rows_empty: bool,
     ranked: bool = False,
     retained_small: bool = False,
+    retained_none: bool = False,
 ) -> _Winners | None:
     """The changes of this batch that win and are newer than what the tables hold, one per key; None if none.
 
@@ -1155,6 +1167,8 @@ def _winners(
     the retained deletes (an anti join), and no rows are read, as a ranked table's tombstones inherit no seq.
     ``retained_small``: the retained deletes are few enough to broadcast whole to that anti join, which then
     shuffles nothing (without the hint, Spark's estimates of the in-memory frames chose a shuffle in some runs).
+    ``retained_none``: there are none (a rebuild, a new replica): the ranked changes, materialized by the decode,
+    are the winners as they are, counted already.
     """
     keys = list(schema.table.keys)
     version_cols = version_columns(schema.table.keys)
@@ -1165,6 +1179,9 @@ def _winners(
         return None
     ranged = len(keys) == 1 and isinstance(schema.key_schema.fields[0].dataType, RANGE_TYPES)
     key_range = KeyRange(keys[0], *summary.keys) if ranged else None
+    if ranked and retained_none:  # one change per key already, and nothing retained to check them against
+        ranked_rows = summary.ranked_upserts + summary.ranked_deletes
+        return _Winners(valid_df, ranked_rows, summary.ranked_deletes, key_range, exact=True)
     if ranked and retained_small:  # one change per key already: only those newer than every known version remain
         winners_df = unapplied(valid_df, keys, F.broadcast(retained_df))
         return _Winners(winners_df.localCheckpoint(), rows, summary.deletes, key_range)

@@ -234,13 +234,17 @@ def merge_rows(
     return _applied(metrics)
 
 
-def append_rows(target: Target, winners_df: DataFrame, schema: TableSchema, commit: Commit) -> Applied:
-    """The bulk path, for a table that is still empty (a rebuild): append the upserts, no MERGE needed."""
-    upserts = winners_df.where(F.col("_op") == "upsert")
+def append_rows(
+    target: Target, winners_df: DataFrame, schema: TableSchema, commit: Commit, upserts: int | None = None
+) -> Applied:
+    """The bulk path, for a table that is still empty (a rebuild): append the upserts, no MERGE needed.
+
+    ``upserts``: how many the winners hold, if the caller counted them already (else a job counts them)."""
+    upserts_df = winners_df.where(F.col("_op") == "upsert")
     columns = [F.col(f"`{f.name}`") for f in schema.kept.fields]
     provenance = [F.col(src[2:]).alias(name) for name, src in _PROVENANCE_SOURCES]
-    _append(target, upserts.select(*columns, *provenance), commit)
-    return Applied(upserted=upserts.count())
+    _append(target, upserts_df.select(*columns, *provenance), commit)
+    return Applied(upserted=upserts_df.count() if upserts is None else upserts)
 
 
 def append_tombstones(
