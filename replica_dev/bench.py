@@ -5,7 +5,8 @@ other, each with its own checkpoint and table, so the figures are comparable as 
 
 - **ceiling**: Spark's kafka source appending the records to a Delta table (no decoding, no MERGE);
 - **naive**: ``foreachBatch`` + one plain Delta MERGE per batch after a per-key dedup (Delta's documented
-  upsert pattern: no version gating, no tombstones, no pruning);
+  upsert pattern: no version gating, no tombstones, no pruning), and its rebuild (its decode and dedup over the
+  whole log in one batch, the upserts appended: the floor under ours, as it checks nothing);
 - **peer**: kafka2delta (PyPI), when it can run here (see :mod:`replica_dev.bench_peer`);
 - **ours**: the materializer (:func:`replica_lib.stream.start_replica`), and its rebuild
   (:func:`replica_lib.rebuild.rebuild`: the whole log in one batch into empty tables);
@@ -65,6 +66,8 @@ BENCH_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, 
 DATA_COLUMNS = ("order_id", "customer", "amount", "status", "updated_ms", "note")
 FLOOR_ROWS = 100_000
 CONTENDERS = ("ceiling", "naive", "peer", "ours", "ours-mor")
+#: The one-batch runs of the whole backlog: the ceiling's, our rebuild and the naive pattern's (its floor).
+ONE_BATCH = ("ceiling_bulk", "rebuild", "naive_bulk")
 #: Our contenders, by the layout of their table: both run through the same path, only the layout differs.
 OURS = {"ours": COPY_ON_WRITE, "ours-mor": MERGE_ON_READ}
 REPEATS = 5
@@ -490,6 +493,21 @@ class Bench:
         logger.info("  %s: %d records in %.1fs (%.0f events/s)", name, run.records, run.seconds, run.events_per_s)
         return run
 
+    def run_naive_bulk(self, topic: str, name: str, records: int) -> Run:
+        """The naive pattern's rebuild: the whole log in one batch read, its decode (typed parses, no checks) and
+        latest change per key, the upserts appended to a new table; no quarantine, no retained deletes, no
+        provenance. What a rebuild costs that checks nothing: the floor under ours (``rebuild_vs_naive_bulk``)."""
+        shutil.rmtree(self.workdir / name, ignore_errors=True)
+        started = time.monotonic()
+        options = {**self.source_options(topic, None), "endingOffsets": "latest"}
+        latest = naive_latest(self.spark.read.format("kafka").options(**options).load())
+        rows = latest.where(F.col("op") == "upsert").select(*DATA_COLUMNS, "seq")
+        rows.write.format("delta").save(str(self.workdir / name / "table"))
+        run = Run("naive", records=records, seconds=time.monotonic() - started)
+        run.batches = [{"rows": records, "seconds": run.seconds}]
+        logger.info("  %s: %d records in %.1fs (%.0f events/s)", name, run.records, run.seconds, run.events_per_s)
+        return run
+
     def check(self, contender: str, name: str, events: Sequence[Event]) -> dict[str, int] | None:
         """Compare a contender's table with the workload folded per key (key -> seq of the live row).
 
@@ -593,6 +611,8 @@ class Bench:
             results["ceiling_bulk"]["check"] = None  # raw records appended: nothing to check
             results["rebuild"] = self.run_rebuild(topics["native"], "rebuild-ours").summary()
             results["rebuild"]["check"] = self.check("ours", "rebuild-ours", events)
+            results["naive_bulk"] = self.run_naive_bulk(topics["native"], "rebuild-naive", len(events)).summary()
+            results["naive_bulk"]["check"] = self.check("naive", "rebuild-naive", events)
         return results
 
     def in_rounds(
@@ -814,8 +834,10 @@ def naive_schema() -> T.StructType:
     return T.StructType([*data.fields, T.StructField("seq", T.LongType())])
 
 
-def naive_handler(path: str) -> Callable[[DataFrame, int], None]:
-    """The hand-written pattern: parse, keep the latest change per key in the batch, MERGE it."""
+def naive_latest(raw_df: DataFrame) -> DataFrame:
+    """The hand-written pattern's decode: parse key and value as typed (no checks), keep the latest change per key.
+
+    Columns ``key_id, op, seq`` and the data columns."""
     envelope = T.StructType(
         [
             T.StructField("op", T.StringType()),
@@ -823,14 +845,19 @@ def naive_handler(path: str) -> Callable[[DataFrame, int], None]:
             T.StructField("data", T.DataType.fromDDL(BENCH_SCHEMA)),
         ]
     )
+    parsed = raw_df.select(
+        F.from_json(F.col("key").cast("string"), "order_id BIGINT")["order_id"].alias("key_id"),
+        F.from_json(F.col("value").cast("string"), envelope).alias("e"),
+    ).select("key_id", "e.op", "e.seq", "e.data.*")
+    latest = Window.partitionBy("key_id").orderBy(F.col("seq").desc())
+    return parsed.withColumn("_rn", F.row_number().over(latest)).where("_rn = 1").drop("_rn")
+
+
+def naive_handler(path: str) -> Callable[[DataFrame, int], None]:
+    """The hand-written pattern: parse, keep the latest change per key in the batch, MERGE it."""
 
     def handle(batch_df: DataFrame, batch_id: int) -> None:
-        parsed = batch_df.select(
-            F.from_json(F.col("key").cast("string"), "order_id BIGINT")["order_id"].alias("key_id"),
-            F.from_json(F.col("value").cast("string"), envelope).alias("e"),
-        ).select("key_id", "e.op", "e.seq", "e.data.*")
-        latest = Window.partitionBy("key_id").orderBy(F.col("seq").desc())
-        deduped = parsed.withColumn("_rn", F.row_number().over(latest)).where("_rn = 1").drop("_rn")
+        deduped = naive_latest(batch_df)
         merge_naive(batch_df.sparkSession, path, deduped, "key_id", "order_id", [*DATA_COLUMNS, "seq"])
 
     return handle
@@ -951,6 +978,8 @@ def catch_up_ratios(catch: dict[str, dict[str, Any]]) -> dict[str, float | None]
         for other in ("ceiling", "naive", "peer"):
             result[f"{label}_vs_{other}"] = _div(ours, rate(other))
     result["rebuild_vs_ceiling"] = _div(rate("rebuild"), rate("ceiling_bulk"))
+    result["naive_bulk_vs_ceiling"] = _div(rate("naive_bulk"), rate("ceiling_bulk"))
+    result["rebuild_vs_naive_bulk"] = _div(rate("rebuild"), rate("naive_bulk"))
     return result
 
 
@@ -1003,7 +1032,7 @@ def summary_lines(report: dict[str, Any]) -> Iterator[str]:
     """The report as a readable table."""
     catch, fresh = report.get("catch_up", {}), report.get("freshness", {})
     yield f"{'contender':<14}{'events/s':>10}{'batch p50':>11}{'batch p99':>11}{'fresh p50':>11}{'fresh p99':>11}"
-    for name in [*CONTENDERS, "ceiling_bulk", "rebuild"]:
+    for name in [*CONTENDERS, *ONE_BATCH]:
         if name not in catch and name not in fresh:
             continue
         c, f = catch.get(name, {}), fresh.get(name, {})
@@ -1080,7 +1109,6 @@ def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
 
 
 #: The catch-up's one-batch contenders (a whole backlog in one batch): plotted apart from the streaming ones.
-ONE_BATCH = ("ceiling_bulk", "rebuild")
 
 
 def _pairs(ax: Any, names: list[str], first: list[float], second: list[float], labels: tuple[str, str]) -> None:
@@ -1166,7 +1194,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
         )
     axes[4].set_title("a reader's query of the state (s, median)")
     one = [n for n in ONE_BATCH if n in catch]
-    labels = {"ceiling_bulk": "ceiling", "rebuild": "ours (rebuild)"}
+    labels = {"ceiling_bulk": "ceiling", "rebuild": "ours (rebuild)", "naive_bulk": "naive (no checks)"}
     axes[5].bar([labels[n] for n in one], [catch[n]["batch_p50_s"] or 0 for n in one], color="tab:purple")
     axes[5].set_title("the whole backlog in one batch (s): rebuild")
     for ax in (axes[0], axes[1], axes[2], axes[5]):

@@ -59,7 +59,7 @@ def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, st
     assert all(seconds > 0 for seconds in report["floor"].values())
     assert "fixed cost on this machine" in proc.stdout
     catch_up = report["catch_up"]
-    assert set(catch_up) == {"ceiling", "naive", "peer", "ours", "ours-mor", "ceiling_bulk", "rebuild"}
+    assert set(catch_up) == {"ceiling", "naive", "peer", "ours", "ours-mor", "ceiling_bulk", "rebuild", "naive_bulk"}
     for name, run in catch_up.items():
         assert run["records"] == 400, name
         assert run["events_per_s"] > 0 and run["batch_p50_s"] > 0, name
@@ -69,6 +69,7 @@ def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, st
             assert run["check"]["missing"] == run["check"]["extra"] == run["check"]["different"] == 0, name
             assert run["check"]["rows"] > 0
     assert catch_up["ours"]["batches"] >= 3 and catch_up["rebuild"]["batches"] == 1  # batches of 150 at most
+    assert catch_up["naive_bulk"]["batches"] == 1
     assert catch_up["ours-mor"]["batches"] >= 3
 
     readers = report["readers"]
@@ -94,6 +95,7 @@ def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, st
         "ours_mor_vs_ceiling",
         "best_vs_ceiling",
         "rebuild_vs_ceiling",
+        "rebuild_vs_naive_bulk",
         "ours_fresh_p99_vs_ceiling",
         "ours_mor_fresh_p99_vs_ceiling",
         "growth_uniform_largest_vs_smallest",

@@ -97,6 +97,7 @@ def test_ratios_divide_figures_of_the_same_run() -> None:
             "ours-mor": {"events_per_s": 600.0},
             "ceiling_bulk": {"events_per_s": 2000.0},
             "rebuild": {"events_per_s": 1800.0},
+            "naive_bulk": {"events_per_s": 2400.0},
         },
         "growth": {"uniform": {"100000": {"batch_p50_s": 2.0}, "10000000": {"batch_p50_s": 3.0}}},
         "growth_mor": {
@@ -117,6 +118,8 @@ def test_ratios_divide_figures_of_the_same_run() -> None:
         "best_vs_naive": 6.0,
         "best_vs_peer": None,
         "rebuild_vs_ceiling": 0.9,
+        "naive_bulk_vs_ceiling": 1.2,
+        "rebuild_vs_naive_bulk": 0.75,
         "growth_uniform_largest_vs_smallest": 1.5,
         "growth_mor_uniform_largest_vs_smallest": 1.1,
         "growth_mor_uniform_fold_largest_vs_smallest": 5.0,
