@@ -51,6 +51,14 @@ JAVA_OPTIONS_SETTINGS = ("spark.driver.defaultJavaOptions", "spark.executor.defa
 #: that sets it (``--conf spark.python.sql.dataFrameDebugging.enabled=true``) keeps its value.
 PYTHON_DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
 
+#: How many Kafka consumers Spark keeps for reuse, one per partition read (its default: 64). Past that, every task
+#: that takes a consumer closes the oldest idle ones and logs ``WARN InternalKafkaConsumerPool: Pool exceeds its soft
+#: max size``: a replica of an 80-partition topic printed it 7 times a batch, and opened consumers again that it had
+#: just closed. Idle consumers still close after Spark's timeout (5 minutes). A launch that sets it keeps its value.
+KAFKA_CONSUMERS = "spark.kafka.consumer.cache.capacity"
+#: Settings of :func:`session_conf` that a launch's own value (``--conf``, ``spark-defaults.conf``) overrides.
+LAUNCH_OWN = (PYTHON_DEBUGGING, KAFKA_CONSUMERS)
+
 
 #: Spark's scheduler pools (``resources/fairscheduler.xml``): the batches' and :data:`FOLD_POOL`.
 SCHEDULER_POOLS = artifacts.RESOURCES / "fairscheduler.xml"
@@ -96,6 +104,7 @@ def session_conf(settings: LocalSettings, master: str | None, ui: bool) -> dict[
         # A replica's writes are its own: no surprise schema evolution, no retention-check bypass.
         "spark.databricks.delta.schema.autoMerge.enabled": "false",
         PYTHON_DEBUGGING: "false",
+        KAFKA_CONSUMERS: "1024",
         **CODEGEN_CACHE,
         **dict.fromkeys(JAVA_OPTIONS_SETTINGS, JAVA_OPTIONS),
     }
@@ -206,12 +215,12 @@ def launch_java_options(conf: Mapping[str, str], given: Mapping[str, str] | None
     return {**conf, **{key: given[key] for key in JAVA_OPTIONS_SETTINGS if key in given}}
 
 
-def launch_debugging(conf: Mapping[str, str], given: Mapping[str, str] | None) -> dict[str, str]:
-    """``conf`` with the launch's own :data:`PYTHON_DEBUGGING` where it set one (``given`` as for
+def launch_own(conf: Mapping[str, str], given: Mapping[str, str] | None) -> dict[str, str]:
+    """``conf`` with the launch's own values of :data:`LAUNCH_OWN` where it set any (``given`` as for
     :func:`launch_scheduler`)."""
-    if given is None or PYTHON_DEBUGGING not in given:
+    if given is None:
         return dict(conf)
-    return {**conf, PYTHON_DEBUGGING: given[PYTHON_DEBUGGING]}
+    return {**conf, **{key: given[key] for key in LAUNCH_OWN if key in given}}
 
 
 def persistent_catalog(spark: SparkSession) -> bool:
@@ -329,7 +338,7 @@ def build_session(
     launch = {**conf, "spark.app.name": app_name, **({"spark.master": master} if master else {})}
     with _quiet_jvm():
         given = _launch_settings(launch)
-    conf = launch_java_options(launch_debugging(launch_scheduler(conf, given), given), given)
+    conf = launch_java_options(launch_own(launch_scheduler(conf, given), given), given)
     if catalog and not _catalog_given(given):
         conf = {**conf, **catalog_conf(settings), **dict(extra or {})}
     for key, value in conf.items():

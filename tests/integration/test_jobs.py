@@ -56,9 +56,9 @@ def test_materialize_job_stops_after_the_current_batch_on_sigterm(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    topic = topic_factory(partitions=2)
+    topic = topic_factory(partitions=80)  # more than the 64 Kafka consumers Spark keeps by default
     with ChangeProducer(connection) as producer:
-        log = loadgen.run(producer, topic, loadgen.Workload(keys=40, events=400, seed=3))
+        log = loadgen.run(producer, topic, loadgen.Workload(keys=400, events=800, seed=3))  # most partitions read
     conf = tmp_path / "sigterm.toml"
     doc = replica_doc(
         "sigterm",
@@ -92,6 +92,8 @@ def test_materialize_job_stops_after_the_current_batch_on_sigterm(
     # A graceful stop is no error: neither Spark's log nor py4j's nor ours reports one.
     logged = output.lines + stderr_file.read_text().splitlines()
     assert [line for line in logged if " ERROR " in line or "Traceback" in line or "Exception" in line] == []
+    # A consumer per partition is kept from batch to batch, not closed and opened again with a warning each time.
+    assert [line for line in logged if "InternalKafkaConsumerPool" in line] == []
     # Its JVM started from the class-data archive spark-submit.sh makes once (a refused one is a JVM warning).
     assert list(local_settings().class_archive_dir.glob("spark-*.jsa"))
     assert [line for line in logged if "[cds" in line or "shared archive" in line] == []
@@ -112,4 +114,4 @@ def test_materialize_job_stops_after_the_current_batch_on_sigterm(
     for cell in notebook["cells"]:
         if cell["cell_type"] == "code":
             exec(compile("".join(cell["source"]), "replica_sql.ipynb", "exec"), namespace)
-    assert namespace["applied"].offsets == {topic: end_offsets(log)}
+    assert namespace["applied"].offsets == {topic: {p: 0 for p in range(80)} | end_offsets(log)}  # some stay empty

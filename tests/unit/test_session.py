@@ -16,12 +16,13 @@ from replica_lib.session import (
     _JVM_NOISE,
     JAVA_OPTIONS,
     JAVA_OPTIONS_SETTINGS,
+    KAFKA_CONSUMERS,
     PYTHON_DEBUGGING,
     SCHEDULER_POOLS,
     SNAPSHOT_PARTITIONS,
     _stopped_jvm_noise,
-    launch_debugging,
     launch_java_options,
+    launch_own,
     launch_scheduler,
     replica_session,
     scheduler_pools,
@@ -146,8 +147,17 @@ def test_python_call_sites_are_not_captured_unless_the_launch_asks(spark: SparkS
 
     assert spark.conf.get(PYTHON_DEBUGGING) == "false" and not is_debugging_enabled()  # the run's session
     ours = {PYTHON_DEBUGGING: "false", "spark.ui.enabled": "false"}
-    assert launch_debugging(ours, {"spark.master": "local[2]"}) == launch_debugging(ours, None) == ours
-    assert launch_debugging(ours, {PYTHON_DEBUGGING: "true"}) == {**ours, PYTHON_DEBUGGING: "true"}
+    assert launch_own(ours, {"spark.master": "local[2]"}) == launch_own(ours, None) == ours
+    assert launch_own(ours, {PYTHON_DEBUGGING: "true"}) == {**ours, PYTHON_DEBUGGING: "true"}
+
+
+def test_spark_keeps_a_kafka_consumer_for_each_partition_of_large_topics(spark: SparkSession) -> None:
+    """Spark keeps 64 by default; past that it closes and reopens consumers at every task, with a warning each time
+    (tests/integration/test_jobs.py reads 80 partitions without one)."""
+    assert spark.sparkContext.getConf().get(KAFKA_CONSUMERS) == "1024"
+    ours = {KAFKA_CONSUMERS: "1024", "spark.ui.enabled": "false"}
+    assert launch_own(ours, {"spark.master": "local[2]"}) == ours
+    assert launch_own(ours, {KAFKA_CONSUMERS: "200"}) == {**ours, KAFKA_CONSUMERS: "200"}  # the launch's own stands
 
 
 def test_the_jit_compiles_methods_of_any_size_unless_the_launch_says_otherwise(spark: SparkSession) -> None:
