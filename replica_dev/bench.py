@@ -66,7 +66,8 @@ BENCH_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, 
 DATA_COLUMNS = ("order_id", "customer", "amount", "status", "updated_ms", "note")
 FLOOR_ROWS = 100_000
 CONTENDERS = ("ceiling", "naive", "peer", "ours", "ours-mor")
-#: The one-batch runs of the whole backlog: the ceiling's, our rebuild and the naive pattern's (its floor).
+#: The one-batch runs of the whole backlog: the ceiling's, our rebuild and the naive pattern's (its floor); plotted
+#: apart from the streaming contenders.
 ONE_BATCH = ("ceiling_bulk", "rebuild", "naive_bulk")
 #: Our contenders, by the layout of their table: both run through the same path, only the layout differs.
 OURS = {"ours": COPY_ON_WRITE, "ours-mor": MERGE_ON_READ}
@@ -1106,9 +1107,6 @@ def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     json_path.write_text(json.dumps(report, indent=2) + "\n")
     plot(report, png_path)
     return json_path, png_path
-
-
-#: The catch-up's one-batch contenders (a whole backlog in one batch): plotted apart from the streaming ones.
 
 
 def _pairs(ax: Any, names: list[str], first: list[float], second: list[float], labels: tuple[str, str]) -> None:
