@@ -269,7 +269,16 @@ class Peer:
             # kafka2delta creates its table with saveAsTable unless the catalog already has it.
             spark.sql(f"CREATE TABLE IF NOT EXISTS {table.qualified_name} USING delta LOCATION '{path}'")
 
-        from kafka2delta.udf import get_confluent_avro_value, get_schema_id  # only once the session exists
+        # kafka2delta defines its UDFs when imported, which needs the session. They run pickled: it does not
+        # depend on pandas or pyarrow, and neither is installed, so Spark's Arrow-optimized Python UDFs (on by
+        # default in Spark 4.2) would fall back with a RuntimeWarning per run; asking for the plain UDF says so.
+        arrow_udfs = "spark.sql.execution.pythonUDF.arrow.enabled"
+        before = spark.conf.get(arrow_udfs)
+        spark.conf.set(arrow_udfs, "false")
+        try:
+            from kafka2delta.udf import get_confluent_avro_value, get_schema_id
+        finally:
+            spark.conf.set(arrow_udfs, before)
 
         records = (
             spark.readStream.format("kafka")
