@@ -278,7 +278,10 @@ class Peer:
         try:
             from kafka2delta.udf import get_confluent_avro_value, get_schema_id
         finally:
-            spark.conf.set(arrow_udfs, before)
+            if before is None:
+                spark.conf.unset(arrow_udfs)
+            else:
+                spark.conf.set(arrow_udfs, before)
 
         records = (
             spark.readStream.format("kafka")
