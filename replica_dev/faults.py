@@ -9,18 +9,18 @@ import signal
 import threading
 from dataclasses import dataclass, field
 
-from replica_lib.batch import HOOK_POINTS, BatchHooks
+from replica_lib.batch import FOLD_COMPACTION_POINT, HOOK_POINTS, BatchHooks
 from replica_lib.errors import ConfigError
 from replica_lib.layout import FOLD_POINTS
 
 logger = logging.getLogger(__name__)
 
-CRASH_POINTS = HOOK_POINTS + FOLD_POINTS
+CRASH_POINTS = (*HOOK_POINTS, *FOLD_POINTS, FOLD_COMPACTION_POINT)
 #: The crash windows a batch passes, per layout of its table (a merge-on-read table's batches append no
-#: tombstones; the batches that fold it pass the fold's points).
+#: tombstones; the batches that fold it pass the fold's points, and its compaction runs beside them too).
 WINDOWS = {
     "copy-on-write": HOOK_POINTS,
-    "merge-on-read": tuple(p for p in HOOK_POINTS if p != "after_tombstones") + FOLD_POINTS,
+    "merge-on-read": (*(p for p in HOOK_POINTS if p != "after_tombstones"), *FOLD_POINTS, FOLD_COMPACTION_POINT),
 }
 #: The environment variable the fault harness sets on the job it launches (``jobs/dev/faulty_replica.py``).
 CRASH_ENV = "REPLICA_CRASH_AT"

@@ -16,7 +16,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field, replace
 from functools import reduce
@@ -75,7 +75,9 @@ MERGE_ATTEMPTS = 5
 #: The named points of a batch at which :attr:`BatchHooks.at` is called, in the order a batch passes them.
 HOOK_POINTS = ("before_batch", "after_quarantine", "after_tombstones", "after_commit", "after_compaction")
 #: With a merge-on-read table, a fold that a batch starts passes ``replica_lib.layout.FOLD_POINTS`` (with that
-#: batch's id) in the fold's own thread, beside the batches that follow (see :class:`_Folds`).
+#: batch's id) in the fold's own thread, beside the batches that follow (see :class:`_Folds`); the compaction of
+#: its tables, which runs in that thread too, passes this point once it has committed.
+FOLD_COMPACTION_POINT = "after_fold_compaction"
 
 
 class StopRequested(Exception):
@@ -561,15 +563,18 @@ class BatchHandler:
         batch.stats.deletes += deletes
 
     def _fold(self, batch: _Batch) -> None:
-        """Start a fold of the merge-on-read tables whose turn it is (by batch id, as the compaction), beside the
-        batches that follow; a turn that comes while a fold is still running is taken by the first batch after it."""
+        """Start a fold of the merge-on-read tables whose turn it is (by batch id, as the compaction), and their
+        compaction at its turn, beside the batches that follow; a turn that comes while a fold is still running is
+        taken by the first batch after it."""
         due = [
             t
             for t in self.cfg.tables
             if t.merge_on_read and t.fold_every_batches and not (batch.batch_id + 1) % t.fold_every_batches
         ]
         schemas = [self.schemas[t.name] for t in due]
-        self._folds.start(batch.spark, schemas, batch.batch_id, self.hooks.at)
+        compact = _fold_targets(self.cfg) if self._compaction_due(batch) else ()
+        compaction = Compaction(compact, self.cfg.compaction.small_file_mb << 20)
+        self._folds.start(batch.spark, schemas, compaction, batch.batch_id, self.hooks.at)
 
     def _write(
         self, batch: _Batch, table: TableConfig, schema: TableSchema, winners: _Winners, rows_empty: bool
@@ -628,22 +633,22 @@ class BatchHandler:
                 self._retained.appended(table.name, batch.batch_id)
         self._at("after_tombstones", batch)
 
-    def _compact(self, batch: _Batch) -> None:
-        """Pack the small files of the replica's tables, between two batches: no MERGE of its own can conflict.
-
-        By batch id, so a replica run in short ``--available-now`` runs compacts as often as a long-running one.
-        """
+    def _compaction_due(self, batch: _Batch) -> bool:
+        """By batch id, so a replica run in short ``--available-now`` runs compacts as often as a long-running one."""
         every = self.cfg.compaction.every_batches
-        if not every or (batch.batch_id + 1) % every:
+        return bool(every) and not (batch.batch_id + 1) % every
+
+    def _compact(self, batch: _Batch) -> None:
+        """Pack the small files of the tables the batches write, between two batches: no MERGE of its own can
+        conflict. A merge-on-read table's are packed beside the batches, in its folds' thread (:meth:`_fold`): the
+        folds write them, and a batch that waited for a fold and its compaction stalled the replica for seconds."""
+        if not self._compaction_due(batch):
             return
-        self._folds.finish()  # a fold rewrites files of the same tables: one would lose the race to the other
+        beside = _fold_targets(self.cfg)
         with batch.stage("compact"):
-            done = []
-            for target in replica_targets(self.cfg, metrics=False):
-                compacted = compact_files(batch.spark, target, self.cfg.compaction.small_file_mb << 20)
-                if compacted is not None and compacted.removed:
-                    done.append(f"{target.describe()} {compacted.removed} files into {compacted.added}")
-            logger.info("%s: compacted %s", batch.stage.label, ", ".join(done) or "nothing (no small files)")
+            targets = [t for t in replica_targets(self.cfg, metrics=False) if t not in beside]
+            done = _compact_all(batch.spark, targets, self.cfg.compaction.small_file_mb << 20)
+            logger.info("%s: compacted %s", batch.stage.label, done)
         self._at("after_compaction", batch)
 
     # ------------------------------------------------------------------------------------------------ helpers
@@ -704,7 +709,8 @@ class _Folds:
     :attr:`retiring`, which the batches' appends take too: Delta refuses a DELETE of its rows when a batch appended
     meanwhile; a partitioned one's retirement takes no lock. A fold is a few seconds of Spark jobs, as long as
     several small batches: run inside a batch, it set the replica's freshness. What a fold raises (other than
-    losing a race to another fold) fails the next batch, before it writes.
+    losing a race to another fold) fails the next batch, before it writes. The compaction of these tables runs
+    here too, after the fold of its turn: no fold can then rewrite the files it packs, and no batch waits for it.
     """
 
     def __init__(self, replica: str) -> None:
@@ -712,6 +718,7 @@ class _Folds:
         self._pool = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"replica-{replica}-fold")
         self._running: futures.Future[None] | None = None
         self._owed: dict[str, TableSchema] = {}  # tables whose turn came while a fold ran
+        self._compaction_owed = Compaction()  # a compaction whose turn came while a fold ran
         self._session: SparkSession | None = None
         #: Held by a fold's retirement from an unpartitioned change log and by each append of a batch to one.
         self.retiring = threading.Lock()
@@ -720,16 +727,24 @@ class _Folds:
         self,
         spark: SparkSession,
         due: list[TableSchema],
+        compaction: Compaction,
         batch_id: int,
         at: Callable[[str, int], None] | None,
     ) -> None:
-        """Fold ``due`` (and the tables owed a fold) after batch ``batch_id``, unless a fold is still running."""
+        """Fold ``due`` (and the tables owed a fold), then run ``compaction`` (or the one owed) after batch
+        ``batch_id``, unless a fold is still running."""
         self._owed.update((schema.table.name, schema) for schema in due)
-        if not self._owed or (self._running is not None and not self._running.done()):
+        if compaction.targets:
+            self._compaction_owed = compaction
+        if not (self._owed or self._compaction_owed.targets) or (
+            self._running is not None and not self._running.done()
+        ):
             return
         self.check()
         schemas, self._owed = list(self._owed.values()), {}
-        self._running = self._pool.submit(self._fold, self._session_for(spark), schemas, batch_id, at)
+        compaction, self._compaction_owed = self._compaction_owed, Compaction()
+        session = self._session_for(spark)
+        self._running = self._pool.submit(self._fold, session, schemas, compaction, batch_id, at)
 
     def _session_for(self, spark: SparkSession) -> SparkSession:
         if self._session is None:
@@ -741,7 +756,12 @@ class _Folds:
         return self._session
 
     def _fold(
-        self, spark: SparkSession, schemas: list[TableSchema], batch_id: int, at: Callable[[str, int], None] | None
+        self,
+        spark: SparkSession,
+        schemas: list[TableSchema],
+        compaction: Compaction,
+        batch_id: int,
+        at: Callable[[str, int], None] | None,
     ) -> None:
         for schema in schemas:
             name = schema.table.name
@@ -763,6 +783,23 @@ class _Folds:
             finally:
                 spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
             logger.info("%s: %s, in %.1fs", label, folded.line(name), time.monotonic() - started)
+        if compaction.targets:
+            self._compact(spark, compaction, batch_id, at)
+
+    def _compact(
+        self, spark: SparkSession, compaction: Compaction, batch_id: int, at: Callable[[str, int], None] | None
+    ) -> None:
+        label = f"replica {self.replica} compaction of the folded tables (its turn at batch {batch_id})"
+        spark.sparkContext.setJobDescription(label)
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", FOLD_POOL)
+        started = time.monotonic()
+        try:
+            done = _compact_all(spark, compaction.targets, compaction.small_file_bytes)
+        finally:
+            spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
+        logger.info("%s: compacted %s, in %.1fs", label, done, time.monotonic() - started)
+        if at is not None:
+            at(FOLD_COMPACTION_POINT, batch_id)
 
     def check(self) -> None:
         """Raise what the last fold raised, once it has ended."""
@@ -790,6 +827,31 @@ class _Folds:
 
 def _at(at: Callable[[str, int], None], batch_id: int, point: str) -> None:
     at(point, batch_id)
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """The tables a compaction turn packs, and below what size a file counts as small."""
+
+    targets: tuple[Target, ...] = ()
+    small_file_bytes: int = 0
+
+
+def _fold_targets(cfg: ReplicaConfig) -> tuple[Target, ...]:
+    """The tables of the replica's merge-on-read tables that its folds write: each base, its retained deletes and
+    its change log (which the folds retire; the batches only append to it)."""
+    tables = [t for t in cfg.tables if t.merge_on_read]
+    return tuple(target for t in tables for target in (t.target, tombstone_target(t), changes_target(t)))
+
+
+def _compact_all(spark: SparkSession, targets: Sequence[Target], small_file_bytes: int) -> str:
+    """Compact each of ``targets``; what was packed, as a phrase for the log."""
+    done = []
+    for target in targets:
+        compacted = compact_files(spark, target, small_file_bytes)
+        if compacted is not None and compacted.removed:
+            done.append(f"{target.describe()} {compacted.removed} files into {compacted.added}")
+    return ", ".join(done) or "nothing (no small files)"
 
 
 class _Stages:

@@ -9,7 +9,7 @@ from pyspark.sql import SparkSession
 
 from replica_dev.chaos import ChaosPlan, run_broker_outages, run_chaos
 from replica_dev.embedded_kafka import EmbeddedKafka
-from replica_lib.batch import HOOK_POINTS
+from replica_lib.batch import FOLD_COMPACTION_POINT, HOOK_POINTS
 from replica_lib.config import COPY_ON_WRITE, MERGE_ON_READ, LocalSettings
 from replica_lib.layout import FOLD_POINTS
 
@@ -40,7 +40,7 @@ def test_random_kills_and_every_crash_window_leave_every_version_of_both_layouts
     )
     report = run_chaos(spark, plan, tmp_path, kafka.bootstrap_servers)
     print("\n".join(report.lines()))
-    assert plan.windows == (*HOOK_POINTS, *FOLD_POINTS)
+    assert plan.windows == (*HOOK_POINTS, *FOLD_POINTS, FOLD_COMPACTION_POINT)
     assert report.kills == 1 and report.second_instance_refused
     assert report.crashes == dict.fromkeys(plan.windows, 1)
     assert report.crashed_in_process == [w for w in plan.windows if w not in (plan.killed_windows or ())]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import random
 import shutil
@@ -19,8 +20,8 @@ from jobs.rebuild import main as rebuild_main
 from replica_dev import loadgen
 from replica_dev.conf import replica_doc, write_replica
 from replica_dev.model import LoggedChange
-from replica_lib.batch import BatchHooks, BatchStats
-from replica_lib.config import MERGE_ON_READ, ReplicaConfig, Target, load_replica
+from replica_lib.batch import FOLD_COMPACTION_POINT, BatchHooks, BatchStats
+from replica_lib.config import MERGE_ON_READ, CompactionConfig, ReplicaConfig, Target, load_replica
 from replica_lib.layout import FOLD_POINTS, fold, state_sql
 from replica_lib.producer import Change, ChangeProducer
 from replica_lib.rebuild import rebuild_config
@@ -307,6 +308,40 @@ def test_a_fold_runs_beside_the_batches_that_follow_and_readers_see_the_state_me
     assert 0 < seen[0][1] < len(log)
     assert_state(spark, cfg, log)
     assert read_table(spark, cfg.table("orders").target).count() > 0  # the held fold went on and committed
+
+
+def test_a_merge_on_read_tables_compaction_runs_after_its_fold_and_no_batch_waits_for_either(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    """The compaction's turn after batch 1 falls with a fold, which is held between its writes until batch 2 has
+    ended: batch 1 ends and batch 2 runs meanwhile (a batch that waited for the fold would wait in vain); the
+    fold's thread packs the table's files once the fold has committed, and the state equals the model."""
+    topic = topic_factory(partitions=3)
+    # Four batches of 120, folded and compacted after batches 1 and 3.
+    cfg, log = folding_replica(tmp_path, connection, topic, "mor_compact", 2, 120, loadgen.Workload(40, 450, seed=8))
+    cfg = dataclasses.replace(cfg, compaction=CompactionConfig(every_batches=2, small_file_mb=16))
+    points: list[tuple[str, int]] = []  # appended from the batches' thread and the fold's
+    released = threading.Event()
+
+    def at(point: str, batch_id: int) -> None:
+        points.append((point, batch_id))
+        if (point, batch_id) == (FOLD_POINTS[0], 1):
+            released.wait(RUN_TIMEOUT_S / 4)
+
+    def after_batch(stats: BatchStats) -> None:
+        if stats.batch_id == 2:
+            released.set()
+
+    query = start_replica(spark, cfg, available_now=True, hooks=BatchHooks(at=at, after_batch=after_batch))
+    try:
+        assert query.awaitTermination(RUN_TIMEOUT_S)
+    finally:
+        query.stop()  # returns once the last fold and compaction have ended
+    assert released.is_set(), points
+    batch_compacted, folded = points.index(("after_compaction", 1)), points.index((FOLD_POINTS[1], 1))
+    fold_compacted = points.index((FOLD_COMPACTION_POINT, 1))
+    assert batch_compacted < folded < fold_compacted, points
+    assert_state(spark, cfg, log)
 
 
 def test_a_fold_that_fails_beside_the_batches_fails_the_replica_and_a_restart_loses_nothing(
