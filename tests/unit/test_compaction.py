@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import reduce
+from pathlib import Path
 
 import pytest
 from py4j.protocol import Py4JJavaError
 from pyspark.errors.exceptions.captured import CapturedException
 from pyspark.sql import SparkSession
 
-from replica_lib import merge
+from replica_lib import batch, merge
 from replica_lib.config import Target
 from replica_lib.errors import (
     ConcurrentAppendError,
@@ -119,3 +120,22 @@ def test_conflicts_converted_by_delta_python_are_raised_as_their_kind(
     assert type(raised.value) is error
     assert str(raised.value) == "[DELTA_CONCURRENT] lost the race"
     assert raised.value.__cause__ is converted
+
+
+def test_a_compaction_turn_packs_only_the_tables_that_hold_files(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A quarantine nothing was sent to is empty: its OPTIMIZE would plan and run jobs for nothing, at every turn.
+    empty, filled, absent = (Target(path=str(tmp_path / name)) for name in ("empty", "filled", "absent"))
+    spark.sql(f"CREATE TABLE delta.`{empty.path}` (k BIGINT) USING delta")
+    spark.range(3).withColumnRenamed("id", "k").write.format("delta").save(filled.path)
+    packed: list[Target] = []
+
+    def compact(_spark: SparkSession, target: Target, _small: int) -> merge.Compacted:
+        packed.append(target)
+        return merge.Compacted(2, 1)
+
+    monkeypatch.setattr(batch, "compact_files", compact)
+    line = batch._compact_all(spark, [empty, filled, absent], 16 << 20)
+    assert packed == [filled]
+    assert line == f"delta.`{filled.path}` 2 files into 1"
