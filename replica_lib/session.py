@@ -56,8 +56,9 @@ PYTHON_DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
 #: max size``: a replica of an 80-partition topic printed it 7 times a batch, and opened consumers again that it had
 #: just closed. Idle consumers still close after Spark's timeout (5 minutes). A launch that sets it keeps its value.
 KAFKA_CONSUMERS = "spark.kafka.consumer.cache.capacity"
-#: Settings of :func:`session_conf` that a launch's own value (``--conf``, ``spark-defaults.conf``) overrides.
-LAUNCH_OWN = (PYTHON_DEBUGGING, KAFKA_CONSUMERS)
+#: Settings of :func:`session_conf` that a launch's own value (``--conf``, ``spark-defaults.conf``) overrides: an
+#: administrator's JVM options (``spark-submit.sh``'s hold :data:`JAVA_OPTIONS` too) among them.
+LAUNCH_OWN = (PYTHON_DEBUGGING, KAFKA_CONSUMERS, *JAVA_OPTIONS_SETTINGS)
 
 
 #: Spark's scheduler pools (``resources/fairscheduler.xml``): the batches' and :data:`FOLD_POOL`.
@@ -207,14 +208,6 @@ def java_class(spark: SparkSession, name: str) -> Any:
     return getattr(jvm, name)
 
 
-def launch_java_options(conf: Mapping[str, str], given: Mapping[str, str] | None) -> dict[str, str]:
-    """``conf`` with the launch's own JVM options where it set any (``given`` as for :func:`launch_scheduler`): an
-    administrator's ``spark-defaults.conf``, or ``spark-submit.sh``'s, which holds :data:`JAVA_OPTIONS` too."""
-    if given is None:
-        return dict(conf)
-    return {**conf, **{key: given[key] for key in JAVA_OPTIONS_SETTINGS if key in given}}
-
-
 def launch_own(conf: Mapping[str, str], given: Mapping[str, str] | None) -> dict[str, str]:
     """``conf`` with the launch's own values of :data:`LAUNCH_OWN` where it set any (``given`` as for
     :func:`launch_scheduler`)."""
@@ -338,7 +331,7 @@ def build_session(
     launch = {**conf, "spark.app.name": app_name, **({"spark.master": master} if master else {})}
     with _quiet_jvm():
         given = _launch_settings(launch)
-    conf = launch_java_options(launch_own(launch_scheduler(conf, given), given), given)
+    conf = launch_own(launch_scheduler(conf, given), given)
     if catalog and not _catalog_given(given):
         conf = {**conf, **catalog_conf(settings), **dict(extra or {})}
     for key, value in conf.items():

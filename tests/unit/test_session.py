@@ -21,7 +21,6 @@ from replica_lib.session import (
     SCHEDULER_POOLS,
     SNAPSHOT_PARTITIONS,
     _stopped_jvm_noise,
-    launch_java_options,
     launch_own,
     launch_scheduler,
     replica_session,
@@ -167,9 +166,9 @@ def test_the_jit_compiles_methods_of_any_size_unless_the_launch_says_otherwise(s
     assert JAVA_OPTIONS in arguments  # the run's own driver
     assert spark.sparkContext.getConf().get("spark.executor.defaultJavaOptions") == JAVA_OPTIONS
     ours = {key: JAVA_OPTIONS for key in JAVA_OPTIONS_SETTINGS}
-    assert launch_java_options(ours, None) == launch_java_options(ours, {"spark.master": "local[2]"}) == ours
+    assert launch_own(ours, None) == launch_own(ours, {"spark.master": "local[2]"}) == ours
     theirs = {"spark.executor.defaultJavaOptions": "-Xss4m"}  # an administrator's spark-defaults.conf
-    assert launch_java_options(ours, theirs) == {**ours, **theirs}
+    assert launch_own(ours, theirs) == {**ours, **theirs}
 
 
 def test_a_replica_session_keeps_the_snapshot_tasks_its_parent_was_given(spark: SparkSession) -> None:
