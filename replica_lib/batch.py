@@ -766,12 +766,11 @@ class _Folds:
         for schema in schemas:
             name = schema.table.name
             label = f"replica {self.replica} fold of {name} (started after batch {batch_id})"
-            spark.sparkContext.setJobDescription(label)  # this thread's jobs, in the Spark UI and the event log
-            spark.sparkContext.setLocalProperty("spark.scheduler.pool", FOLD_POOL)  # after the batches' tasks
             started = time.monotonic()
             hook = None if at is None else functools.partial(_at, at, batch_id)
             try:
-                folded = fold(spark, self.replica, schema, hook, self.retiring)
+                with _fold_jobs(spark, label):
+                    folded = fold(spark, self.replica, schema, hook, self.retiring)
             except ConcurrentCommitError as conflict:  # a fold of the maintenance job won: the next one goes on
                 logger.warning("%s: lost to a concurrent commit: %s", label, conflict)
                 continue
@@ -780,8 +779,6 @@ class _Folds:
                     raise
                 logger.warning("%s: an executor holding its rows was lost; the next fold takes its changes", label)
                 continue
-            finally:
-                spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
             logger.info("%s: %s, in %.1fs", label, folded.line(name), time.monotonic() - started)
         if compaction.targets:
             self._compact(spark, compaction, batch_id, at)
@@ -790,13 +787,9 @@ class _Folds:
         self, spark: SparkSession, compaction: Compaction, batch_id: int, at: Callable[[str, int], None] | None
     ) -> None:
         label = f"replica {self.replica} compaction of the folded tables (its turn at batch {batch_id})"
-        spark.sparkContext.setJobDescription(label)
-        spark.sparkContext.setLocalProperty("spark.scheduler.pool", FOLD_POOL)
         started = time.monotonic()
-        try:
+        with _fold_jobs(spark, label):
             done = _compact_all(spark, compaction.targets, compaction.small_file_bytes)
-        finally:
-            spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
         logger.info("%s: compacted %s, in %.1fs", label, done, time.monotonic() - started)
         if at is not None:
             at(FOLD_COMPACTION_POINT, batch_id)
@@ -827,6 +820,18 @@ class _Folds:
 
 def _at(at: Callable[[str, int], None], batch_id: int, point: str) -> None:
     at(point, batch_id)
+
+
+@contextlib.contextmanager
+def _fold_jobs(spark: SparkSession, label: str) -> Iterator[None]:
+    """The Spark jobs of the folds' thread: named ``label`` (Spark UI, event log), in :data:`FOLD_POOL`, whose tasks
+    run after the batches'."""
+    spark.sparkContext.setJobDescription(label)
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", FOLD_POOL)
+    try:
+        yield
+    finally:
+        spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
