@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from pyspark.sql import types as T
 from pyspark.sql.streaming.query import StreamingQuery
 
 from replica_dev.conf import orders_table, replica_doc
+from replica_dev.cpuprofile import Recorder, read, table
 from replica_dev.loadgen import CUSTOMERS, STATUSES
 from replica_dev.naive import merge_naive
 from replica_lib.batch import BatchHooks, BatchStats
@@ -113,6 +115,10 @@ class BenchPlan:
     #: Rounds: the catch-up (every contender, and the rebuild) and the freshness phase each run this many times,
     #: one round after the other; each of their ratios is the median of the rounds' own, so it is not one sample.
     rounds: int = 1
+    #: Record each catch-up and one-batch run in a JVM flight recording and report where its CPU went, per 1,000
+    #: changes and kind of work (:mod:`replica_dev.cpuprofile`). The recording costs CPU too: compare the times of
+    #: profiled runs with each other only.
+    profile: bool = False
 
     def __post_init__(self) -> None:
         def fail(name: str, problem: str, fix: str) -> None:
@@ -601,20 +607,34 @@ class Bench:
         for contender in plan.contenders:
             topic = topics["peer" if contender == "peer" else "native"]
             name = f"catchup-{contender}"  # the same name each round: the readers read the last round's table
-            results[contender] = self.run_once(contender, topic, name, plan.batch_size).summary()
+            results[contender] = self.measured(name, partial(self.run_once, contender, topic, name, plan.batch_size))
             results[contender]["check"] = self.check(contender, name, events)
         if "ours" in plan.contenders:
             logger.info(
                 "rebuild: the whole log in one batch, ceiling and ours (replica_lib.rebuild, as jobs/rebuild.py)"
             )
-            bulk = self.run_once("ceiling", topics["native"], "rebuild-ceiling", None)
-            results["ceiling_bulk"] = bulk.summary()
+            native = topics["native"]
+            results["ceiling_bulk"] = self.measured(
+                "rebuild-ceiling", lambda: self.run_once("ceiling", native, "rebuild-ceiling", None)
+            )
             results["ceiling_bulk"]["check"] = None  # raw records appended: nothing to check
-            results["rebuild"] = self.run_rebuild(topics["native"], "rebuild-ours").summary()
+            results["rebuild"] = self.measured("rebuild-ours", lambda: self.run_rebuild(native, "rebuild-ours"))
             results["rebuild"]["check"] = self.check("ours", "rebuild-ours", events)
-            results["naive_bulk"] = self.run_naive_bulk(topics["native"], "rebuild-naive", len(events)).summary()
+            results["naive_bulk"] = self.measured(
+                "rebuild-naive", lambda: self.run_naive_bulk(native, "rebuild-naive", len(events))
+            )
             results["naive_bulk"]["check"] = self.check("naive", "rebuild-naive", events)
         return results
+
+    def measured(self, name: str, run: Callable[[], Run]) -> dict[str, Any]:
+        """``run``'s summary; with the plan's ``profile``, also where its CPU went (recorded under ``profiles/``)."""
+        if not self.plan.profile:
+            return run().summary()
+        path = self.workdir / "profiles" / f"{name}-{uuid.uuid4().hex[:6]}.jfr"
+        with Recorder(self.spark, path) as recording:
+            summary = run().summary()
+        summary["profile"] = read(path, recording.java_home).as_dict()
+        return summary
 
     def in_rounds(
         self, report: dict[str, Any], phase: str, by: str, run_round: Callable[[int], dict[str, dict[str, Any]]]
@@ -1057,6 +1077,10 @@ def summary_lines(report: dict[str, Any]) -> Iterator[str]:
         stages = catch.get(contender, {}).get("stages_p50_s")
         if stages:
             yield f"{contender}, one catch-up batch (p50): " + ", ".join(f"{k} {v:.2f}s" for k, v in stages.items())
+    profiles = {name: c["profile"] for name, c in catch.items() if c.get("profile")}
+    if profiles:
+        yield "where the CPU went (JVM flight recordings; each contender's median round):"
+        yield from table(profiles, {name: catch[name]["records"] for name in profiles})
     readers = report.get("readers")
     if readers:
         repeats = report.get("workload", {}).get("repeats", REPEATS)

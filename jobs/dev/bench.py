@@ -82,6 +82,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workdir", type=Path, help="tables and checkpoints (default: a new temporary folder)")
     parser.add_argument("--out", type=Path, help="where the JSON and PNG go (default: .state/bench)")
     parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="record each catch-up and one-batch run (JVM flight recordings) and report where the CPU went",
+    )
+    parser.add_argument(
         "--no-event-log", action="store_true", help="do not write Spark's event log (jobs and driver time per batch)"
     )
     args = parser.parse_args(argv)

@@ -1,4 +1,5 @@
-"""A tiny run of the benchmark job, as users run it: every contender, every phase, and every table checked.
+"""A tiny run of the benchmark job, as users run it: every contender, every phase, every table checked, every run
+profiled.
 
 Freshness runs for the ceiling and both layouts only: the others start as in the catch-up, and each run costs
 seconds of a cold JVM's warm-up (the command runs every contender in every phase)."""
@@ -41,7 +42,12 @@ def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, st
     pending = pending_dir(local_settings())
     pending_before = set(pending.glob("*.json"))
     proc = subprocess.run(
-        [str(PROJECT_ROOT / "spark-submit.sh"), "jobs/dev/bench.py", *(str(x) for kv in args.items() for x in kv)],
+        [
+            str(PROJECT_ROOT / "spark-submit.sh"),
+            "jobs/dev/bench.py",
+            *(str(x) for kv in args.items() for x in kv),
+            "--profile",
+        ],
         cwd=PROJECT_ROOT,
         env=default_jvm_environ(),  # the benchmark runs long: the JVM's default compilers
         capture_output=True,
@@ -68,6 +74,9 @@ def test_bench_job_runs_every_contender_and_every_phase(connection: dict[str, st
         else:  # every maintained table equals the workload folded per key
             assert run["check"]["missing"] == run["check"]["extra"] == run["check"]["different"] == 0, name
             assert run["check"]["rows"] > 0
+        # Each run's flight recording, summed by kind of work: the JVM was sampled while it ran.
+        assert sum(run["profile"]["tasks"].values()) + sum(run["profile"]["driver"].values()) > 0, name
+    assert "where the CPU went" in proc.stdout
     assert catch_up["ours"]["batches"] >= 3 and catch_up["rebuild"]["batches"] == 1  # batches of 150 at most
     assert catch_up["naive_bulk"]["batches"] == 1
     assert catch_up["ours-mor"]["batches"] >= 3
