@@ -116,8 +116,8 @@ class BenchPlan:
     #: one round after the other; each of their ratios is the median of the rounds' own, so it is not one sample.
     rounds: int = 1
     #: Record each catch-up and one-batch run in a JVM flight recording and report where its CPU went, per 1,000
-    #: changes and kind of work (:mod:`replica_dev.cpuprofile`). The recording costs CPU too: compare the times of
-    #: profiled runs with each other only.
+    #: changes and kind of work (:mod:`replica_dev.cpuprofile`). Execution samples only, every 10 ms: a profiled
+    #: run's rates were within the run-to-run spread of an unprofiled one's.
     profile: bool = False
 
     def __post_init__(self) -> None:
@@ -328,6 +328,8 @@ class Bench:
         # records would join this run's workload (and its figures) under the same names.
         self.run_id = uuid.uuid4().hex[:8]
         self.peer: Any = None
+        if plan.profile:
+            Recorder(spark, workdir / "profiles" / "warm-up.jfr").warm_up()
         if "peer" in plan.contenders:
             from replica_dev.bench_peer import Peer
 

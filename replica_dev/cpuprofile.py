@@ -4,8 +4,9 @@ The benchmark's ``--profile`` records each catch-up and one-batch run of a conte
 stopped through the JVM's own ``jdk.jfr`` API, so no launch option is needed) and sums its execution samples by
 :data:`KINDS`: the innermost frame that names a kind decides a sample, frames of the JDK itself are passed over
 (a ``String`` method inside Jackson counts as JSON parsing). Samples of Spark's task threads and of every other
-thread (the driver: planning, Delta's commits, the micro-batch's bookkeeping) are kept apart. Divided by the changes
-a run applied, contenders compare by the work each change costs, whatever their wall time.
+thread (the driver: planning, Delta's commits, the micro-batch's bookkeeping) are kept apart. A sample stands for
+:data:`SAMPLE_MS` of CPU (time in native code is not sampled); divided by the changes a run applied, contenders
+compare by the work each change costs, whatever their wall time.
 
 ``python -m jobs.dev.cpuprofile recording.jfr`` prints the same summary for any recording (``jfr`` of the JDK reads it).
 """
@@ -77,6 +78,8 @@ OTHER = "other"
 #: Spark's executors name the threads that run tasks so (``Executor task launch worker-3``, ``Executor task idle
 #: worker#7``: a recording keeps the name a thread had when it first saw it).
 TASK_THREAD = "Executor task "
+#: How often the recorder samples each thread that runs Java code.
+SAMPLE_MS = 10
 #: How deep a sample's stack is read: deep enough to pass the JDK's frames to the first of a kind.
 STACK_DEPTH = 48
 
@@ -123,10 +126,19 @@ class Recorder:
         jvm = spark.sparkContext._jvm
         assert jvm is not None
         self.path = path
-        self._recording = jvm.jdk.jfr.Recording(jvm.jdk.jfr.Configuration.getConfiguration("profile"))
+        # Execution samples only: the JDK's "profile" settings also record allocations, threads and processes,
+        # which slowed a benchmark's runs by more than half here.
+        self._recording = jvm.jdk.jfr.Recording()
+        self._recording.enable("jdk.ExecutionSample").withPeriod(jvm.java.time.Duration.ofMillis(SAMPLE_MS))
         self._file = jvm.java.io.File(str(path))
         #: The JDK this JVM runs on, whose ``jfr`` tool reads the recording.
         self.java_home = Path(str(jvm.java.lang.System.getProperty("java.home")))
+
+    def warm_up(self) -> None:
+        """Start and stop the recorder once, unrecorded: the JVM's first recording starts the recorder itself
+        (its classes, its threads), which took half of the first profiled run's time here."""
+        self._recording.start()
+        self._recording.stop()
 
     def __enter__(self) -> Recorder:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,26 +193,26 @@ def _parse(lines: Iterable[str]) -> Profile:
 
 
 def table(profiles: dict[str, dict[str, Any]], changes: dict[str, int] | None = None) -> Iterator[str]:
-    """Samples by kind, a column per run (task threads, then the driver's); per 1,000 changes where ``changes``
-    gives each run's."""
+    """Sampled CPU time (samples times :data:`SAMPLE_MS`) by kind, a column per run, task threads then the driver's;
+    per 1,000 changes where ``changes`` gives each run's."""
     names = list(profiles)
-    width = max(12, *(len(n) + 2 for n in names))
-    unit = "samples per 1,000 changes" if changes else "samples"
+    width = max(10, *(len(n) + 2 for n in names))
+    unit = "CPU ms per 1,000 changes" if changes else "CPU ms"
     for side, title in (("tasks", "task threads"), ("driver", "driver threads")):
         kinds = Counter[str]()
         for entry in profiles.values():
             kinds.update(entry.get(side, {}))
         if not kinds:
             continue
-        yield f"{f'{title}: {unit}':<44}" + "".join(f"{n:>{width}}" for n in names)
+        yield f"{f'{title}, {unit}':<44}" + "".join(f"{n:>{width}}" for n in names)
         for kind, _ in kinds.most_common():
-            cells = "".join(f"{_per(profiles[n].get(side, {}).get(kind, 0), changes, n):>{width}}" for n in names)
+            cells = "".join(f"{_ms(profiles[n].get(side, {}).get(kind, 0), changes, n):>{width}}" for n in names)
             yield f"  {kind:<42}{cells}"
-        totals = "".join(f"{_per(sum(profiles[n].get(side, {}).values()), changes, n):>{width}}" for n in names)
+        totals = "".join(f"{_ms(sum(profiles[n].get(side, {}).values()), changes, n):>{width}}" for n in names)
         yield f"  {'all':<42}{totals}"
 
 
-def _per(samples: int, changes: dict[str, int] | None, name: str) -> str:
+def _ms(samples: int, changes: dict[str, int] | None, name: str) -> str:
     if changes is None:
-        return str(samples)
-    return f"{samples * 1000 / changes[name]:.1f}" if changes.get(name) else "-"
+        return str(samples * SAMPLE_MS)
+    return f"{samples * SAMPLE_MS * 1000 / changes[name]:.1f}" if changes.get(name) else "-"

@@ -35,5 +35,5 @@ def test_a_recording_of_a_json_parse_says_the_tasks_parsed_json(spark: SparkSess
 
     assert profile.tasks.most_common(1)[0][0] == "JSON parsing"
     lines = list(table({"parse": profile.as_dict()}, {"parse": 600_000}))
-    assert lines[0].startswith("task threads: samples per 1,000 changes")
+    assert lines[0].startswith("task threads, CPU ms per 1,000 changes")
     assert any(line.split()[:2] == ["JSON", "parsing"] for line in lines)
