@@ -1076,11 +1076,13 @@ class _Retained:
     The replica is the only writer that adds to its tombstone tables, so after the first read the deletes of its
     own batches are all that is new; reading the table every batch would cost a Delta snapshot and file listing
     (~0.5 s). Maintenance only drops deletes that no longer count, which do no harm here until the next start.
-    A batch's deletes join the state once their append is committed; every ``COMPACT_EVERY`` batches the state is
-    materialized again as one frame.
+    A batch's deletes join the state once their append is committed, as one partition; every ``COMPACT_EVERY``
+    batches the state is materialized again as one frame, of one partition while it is few enough to broadcast.
+    The anti join broadcasts the whole state every batch, in a Spark job of a task per partition held, and each
+    task costs more (its projections' code generated again) than its few rows do.
     """
 
-    COMPACT_EVERY = 16
+    COMPACT_EVERY = 4
 
     def __init__(self) -> None:
         self.parts: dict[str, list[DataFrame]] = {}
@@ -1175,10 +1177,11 @@ class _Retained:
             F.col("_seq").alias("_src_seq"),
         )
         parts = self.parts[name]
-        parts.append(deletes)
+        parts.append(deletes.coalesce(1))  # at most a batch's
         self.rows[name] = self.rows.get(name, 0) + winners.deletes
         if len(parts) > self.COMPACT_EVERY:
-            self.parts[name] = [reduce(DataFrame.unionByName, parts).localCheckpoint()]
+            state = reduce(DataFrame.unionByName, parts)
+            self.parts[name] = [(state.coalesce(1) if self.few(name) else state).localCheckpoint()]
 
 
 class _Logged:
