@@ -3,7 +3,8 @@
 The benchmark's ``--profile`` records each catch-up and one-batch run of a contender (:class:`Recorder`, started and
 stopped through the JVM's own ``jdk.jfr`` API, so no launch option is needed) and sums its execution samples by
 :data:`KINDS`: the innermost frame that names a kind decides a sample, frames of the JDK itself are passed over
-(a ``String`` method inside Jackson counts as JSON parsing). Samples of Spark's task threads and of every other
+(a ``String`` method inside Jackson counts as JSON parsing), except that code generation counts wherever it is on
+the stack (:data:`ENCLOSING`). Samples of Spark's task threads and of every other
 thread (the driver: planning, Delta's commits, the micro-batch's bookkeeping) are kept apart. A sample stands for
 :data:`SAMPLE_MS` of CPU (time in native code is not sampled); divided by the changes a run applied, contenders
 compare by the work each change costs, whatever their wall time.
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
+
+from replica_lib.errors import SetupError
 
 #: Kinds of work, by the package or class prefix of a frame; the first prefix that matches the innermost frame
 #: that has one decides. Frames of no kind (the JDK's, Scala's collections) are passed over, outwards.
@@ -84,7 +87,7 @@ SAMPLE_MS = 10
 STACK_DEPTH = 48
 
 
-class ProfileError(Exception):
+class ProfileError(SetupError):
     """A recording could not be read (the JDK's ``jfr`` tool is missing, or the file is not a recording)."""
 
 
@@ -127,7 +130,7 @@ class Recorder:
         assert jvm is not None
         self.path = path
         # Execution samples only: the JDK's "profile" settings also record allocations, threads and processes,
-        # which slowed a benchmark's runs by more than half here.
+        # which cost a run far more than its samples do.
         self._recording = jvm.jdk.jfr.Recording()
         self._recording.enable("jdk.ExecutionSample").withPeriod(jvm.java.time.Duration.ofMillis(SAMPLE_MS))
         self._file = jvm.java.io.File(str(path))
@@ -135,8 +138,9 @@ class Recorder:
         self.java_home = Path(str(jvm.java.lang.System.getProperty("java.home")))
 
     def warm_up(self) -> None:
-        """Start and stop the recorder once, unrecorded: the JVM's first recording starts the recorder itself
-        (its classes, its threads), which took half of the first profiled run's time here."""
+        """Start and stop the recorder once, unrecorded, so that the first run recorded does not pay for starting
+        the recorder itself (its classes, its threads); and check that its recordings can be read."""
+        jfr_tool(self.java_home)
         self._recording.start()
         self._recording.stop()
 
@@ -158,12 +162,25 @@ _THREAD = re.compile(r'^\s*sampledThread = "(.*)" \(')
 _FRAME = re.compile(r"^\s+([\w$.<>]+)\(")
 
 
-def read(path: Path, java_home: Path | None = None) -> Profile:
-    """Sum a recording's execution samples by kind (the ``jfr`` tool of ``java_home``, else of the PATH, reads it)."""
+def jfr_tool(java_home: Path | None = None) -> str:
+    """The JDK's ``jfr`` tool: that of ``java_home``, else the one on the PATH."""
     tool = (shutil.which("jfr", path=str(java_home / "bin")) if java_home else None) or shutil.which("jfr")
     if tool is None:
         raise ProfileError("the JDK's jfr tool was not found (in the JDK's bin folder, nor on the PATH): install a JDK")
-    command = [tool, "print", "--events", "jdk.ExecutionSample", "--stack-depth", str(STACK_DEPTH), str(path)]
+    return tool
+
+
+def read(path: Path, java_home: Path | None = None) -> Profile:
+    """Sum a recording's execution samples by kind (the JDK's ``jfr`` tool reads it, see :func:`jfr_tool`)."""
+    command = [
+        jfr_tool(java_home),
+        "print",
+        "--events",
+        "jdk.ExecutionSample",
+        "--stack-depth",
+        str(STACK_DEPTH),
+        str(path),
+    ]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
         assert process.stdout is not None
         profile = _parse(process.stdout)
