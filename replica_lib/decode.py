@@ -149,6 +149,12 @@ def _not_string(strict: Column, path: str) -> Column:
     return kind.isNotNull() & (kind != "STRING") & (kind != "VOID")
 
 
+def _is_string(strict: Column, path: str) -> Column:
+    """Whether the JSON value at ``path`` of a variant is a string (false where it is absent)."""
+    kind = F.schema_of_variant(F.try_variant_get(strict, path, "variant"))
+    return F.coalesce(kind == "STRING", F.lit(False))
+
+
 def _looks_coerced(value: Column) -> Column:
     """Whether a STRING read by ``from_json`` may be a number, boolean, object or array turned into text (cheap;
     only such values are looked up in the strict parse)."""
@@ -306,12 +312,25 @@ def _native_parse(data: T.StructType | None) -> tuple[tuple[Step, ...], Column]:
         for f in data.fields
         if isinstance(f.dataType, T.StringType)
     ]
-    # A number read into a TIMESTAMP or DATE column (as seconds, or not at all) has no unit: the record takes the
-    # untyped path, where it is refused (replica_lib.logical).
+    # A number read into a TIMESTAMP or DATE column (as seconds, or not at all) has no unit, and a string not of the
+    # column's form is read by Spark's lenient parser: the record takes the untyped path, where it is refused
+    # (replica_lib.logical). So is a string read into a DECIMAL column that is not a number as JSON writes one
+    # (Spark drops its commas).
     coerced += [
-        typed["data"][f.name].isNotNull() & _not_string(F.col("_strict"), _field_path("data", f.name))
+        typed["data"][f.name].isNotNull()
+        & (
+            _not_string(F.col("_strict"), _field_path("data", f.name))
+            | logical.malformed(f.dataType, F.try_variant_get(F.col("_strict"), _field_path("data", f.name), "string"))
+        )
         for f in data.fields
         if logical.is_timestamp(f.dataType) or isinstance(f.dataType, T.DateType)
+    ]
+    coerced += [
+        typed["data"][f.name].isNotNull()
+        & _is_string(F.col("_strict"), _field_path("data", f.name))
+        & ~logical.is_number(F.try_variant_get(F.col("_strict"), _field_path("data", f.name), "string"))
+        for f in data.fields
+        if isinstance(f.dataType, T.DecimalType)
     ]
     clean_step = _with(
         "_clean",
@@ -361,6 +380,13 @@ def _plain_value(text: Column, typed: Column, data: T.StructType) -> Column:
     temporal = [
         row[f.name] for f in data.fields if logical.is_timestamp(f.dataType) or isinstance(f.dataType, T.DateType)
     ]
+    # A DECIMAL column's value must be a number, or a string holding one as JSON writes it: Spark reads any string.
+    strings += [
+        row[f.name].isNull()
+        | (F.lit(f.name not in _ENVELOPE_FIELDS) & (_given_as_number(text, f.name) | _number_string(text, f.name)))
+        for f in data.fields
+        if isinstance(f.dataType, T.DecimalType)
+    ]
     checks = [
         typed.isNotNull(),
         typed["_corrupt"].isNull(),
@@ -395,6 +421,32 @@ def _given_as_string(text: Column, name: str) -> Column:
     """
     compact = text.contains(f'"{name}":"')
     return compact | (F.regexp_extract(text, '"' + re.escape(name) + '"' + _BLANK + ":" + _BLANK + "(.)", 1) == '"')
+
+
+_NUMBER_STARTS = ("-", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9")
+
+
+def _given_as_number(text: Column, name: str) -> Column:
+    """Whether the first value of a field ``name`` in ``text`` starts like a JSON number; exact in a plain value, as
+    :func:`_given_as_string` (a name written with escapes is not found: the record is then not plain).
+
+    The spellings ``"name":`` and ``"name": `` are read at the name's first place; other white space costs a
+    regular expression.
+    """
+    key = f'"{name}":'
+    at = F.instr(text, key)
+    after = F.substr(text, at + len(key), F.lit(2))
+    first, second = F.substr(after, F.lit(1), F.lit(1)), F.substr(after, F.lit(2), F.lit(1))
+    near = (at > 0) & (first.isin(*_NUMBER_STARTS) | ((first == " ") & second.isin(*_NUMBER_STARTS)))
+    spaced = F.regexp_extract(text, '"' + re.escape(name) + '"' + _BLANK + ":" + _BLANK + "(.)", 1)
+    return F.coalesce(near | spaced.isin(*_NUMBER_STARTS), F.lit(False))
+
+
+def _number_string(text: Column, name: str) -> Column:
+    """Whether a field ``name`` of ``text`` is a string holding a JSON number (``"12.50"``); exact in a plain value,
+    whose only ``"name":`` is the field's own."""
+    pattern = '"' + re.escape(name) + '"' + _BLANK + ":" + _BLANK + '"' + logical.NUMBER_TEXT.strip("^$") + '"'
+    return F.coalesce(text.rlike(pattern), F.lit(False))
 
 
 def _native_error(route_error: Column) -> Column:
@@ -622,7 +674,7 @@ def _typed_key_and_data(present: frozenset[str], schema: TableSchema) -> tuple[S
         ", ",
         *[
             F.when(
-                _mistyped(f, data_struct, data_strict, _connect(present, schema)),
+                _mistyped(f, data_struct, data_strict, _connect(present, schema), schema.table.format),
                 _bad_column(f, _connect(present, schema)),
             )
             for f in schema.data.fields
@@ -639,6 +691,11 @@ def _typed_key_and_data(present: frozenset[str], schema: TableSchema) -> tuple[S
             for f in schema.data.fields
             if logical.is_temporal_or_decimal(f.dataType)
             or (schema.table.format == "debezium" and isinstance(f.dataType, T.StringType))  # a time of day
+        ]
+        + [
+            data_struct[f.name].isNotNull() & _is_string(F.col(ROW), f"$['{f.name}']")  # a native DECIMAL's string
+            for f in schema.data.fields
+            if isinstance(f.dataType, T.DecimalType) and schema.table.format == "native"
         ],
         data_struct["_corrupt"].isNotNull(),
     )
@@ -667,6 +724,12 @@ def _key_checks(schema: TableSchema) -> list[tuple[Column, Column | str]]:
             _looks_coerced(key_struct[f.name]) & _not_string(key_strict, f"$['{f.name}']")
             for f in schema.key_schema.fields
             if isinstance(f.dataType, T.StringType)
+        ]
+        + [  # a date or time not of its column's form, which Spark's parser reads anyway (a number, too)
+            key_struct[f.name].isNotNull()
+            & logical.malformed(f.dataType, F.get_json_object(F.col("_key_json"), f"$.{f.name}"))
+            for f in schema.key_schema.fields
+            if logical.is_timestamp(f.dataType) or isinstance(f.dataType, T.DateType)
         ],
         key_struct["_corrupt"].isNotNull(),
     )
@@ -806,21 +869,39 @@ def _connect(present: frozenset[str], schema: TableSchema) -> Column | None:
     return None
 
 
+#: What a DATE, TIMESTAMP and TIMESTAMP_NTZ column's text looks like, for the reason that refuses another.
+_TEMPORAL_EXAMPLES: dict[type[T.DataType], str] = {
+    T.DateType: "2024-05-06",
+    T.TimestampType: "2024-05-06T10:15:30.123456Z",
+    T.TimestampNTZType: "2024-05-06T10:15:30.123456",
+}
+
+
 def _bad_column(field: T.StructField, connect: Column | None) -> Column:
-    """How a mistyped column is named in the reason: its type, and for a number in a TIMESTAMP or DATE column that
-    no schema gives a unit, why."""
-    plain = F.lit(f"{field.name} ({field.dataType.simpleString()})")
+    """How a mistyped column is named in the reason: its type, and for a number or a string not of the column's form
+    in a TIMESTAMP or DATE column that no schema gives a unit, why."""
+    kind = field.dataType.simpleString()
+    plain = F.lit(f"{field.name} ({kind})")
     if not (logical.is_timestamp(field.dataType) or isinstance(field.dataType, T.DateType)):
         return plain
+    example = _TEMPORAL_EXAMPLES[type(field.dataType)]
     how = (
         "a number with no unit: send Debezium's schema with it (value.converter.schemas.enable=true)"
         if connect is not None
-        else "a number with no unit: send a string such as 2024-05-06T10:15:30Z"
+        else f"a number with no unit: send a string such as {example}"
     )
-    unit_less = logical.is_number(logical.wire(field.name))
+    text = logical.wire(field.name)
+    unit_less = logical.is_number(text)
+    malformed = logical.malformed(field.dataType, text)
     if connect is not None:
-        unit_less = unit_less & logical.field_schema(field.name, connect)["name"].isNull()
-    return F.when(unit_less, F.lit(f"{field.name} ({field.dataType.simpleString()}, {how})")).otherwise(plain)
+        no_schema = logical.field_schema(field.name, connect)["name"].isNull()
+        unit_less, malformed = unit_less & no_schema, malformed & no_schema
+    form = f"not of the form {example}: see the contract's dates and times"
+    return (
+        F.when(unit_less, F.lit(f"{field.name} ({kind}, {how})"))
+        .when(malformed, F.lit(f"{field.name} ({kind}, {form})"))
+        .otherwise(plain)
+    )
 
 
 def _is_floating(data_type: T.DataType) -> bool:
@@ -831,12 +912,18 @@ def _infinite(value: Column) -> Column:
     return value.isin(float("inf"), float("-inf"))
 
 
-def _mistyped(field: T.StructField, data_struct: Column, data_strict: Column, connect: Column | None) -> Column:
+def _mistyped(
+    field: T.StructField, data_struct: Column, data_strict: Column, connect: Column | None, data_format: str
+) -> Column:
     """Whether the data's value for ``field`` does not have the column's type (Spark read it as null, turned a
-    non-string into a STRING other than a time of day its schema gives a unit, or overflowed a floating column to
-    infinity)."""
+    non-string into a STRING other than a time of day its schema gives a unit, overflowed a floating column to
+    infinity, or read into a native row's DECIMAL a string that is not a number as JSON writes it)."""
     value = data_struct[field.name]
     present = F.get_json_object(F.col("_data_json"), f"$.{field.name}").isNotNull()
+    if isinstance(field.dataType, T.DecimalType) and data_format == "native":
+        text = logical.wire(field.name)
+        as_string = value.isNotNull() & _is_string(data_strict, f"$['{field.name}']") & ~logical.is_number(text)
+        return (present & value.isNull()) | as_string
     if isinstance(field.dataType, T.StringType):
         coerced = _looks_coerced(value) & _not_string(data_strict, f"$['{field.name}']")
         if connect is not None:

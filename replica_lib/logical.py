@@ -39,8 +39,23 @@ _VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
 # Spark's timestamps run from 0001-01-01 to 9999-12-31: microseconds from the epoch, and days.
 _MIN_MICROS, _MAX_MICROS = -62_135_596_800_000_000, 253_402_300_799_999_999
 _MIN_DAYS, _MAX_DAYS = -719_162, 2_932_896
-#: A JSON number as ``get_json_object`` renders it (a string holding only digits looks the same; both are refused).
-_NUMBER = r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$"
+#: A JSON number as ``get_json_object`` renders it (a string holding only digits looks the same; both are refused
+#: for a date or a time; a DECIMAL takes both).
+NUMBER_TEXT = r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$"
+
+#: The texts a DATE, TIMESTAMP and TIMESTAMP_NTZ column takes (docs/contract.md): ISO 8601's calendar date, for a
+#: timestamp alone or with a time of day (hours and minutes at least; at most nine fraction digits, those past the
+#: sixth zeros: Spark keeps microseconds) and, for a TIMESTAMP, a zone. Spark's own parser also takes a time alone
+#: (on the day it parses it, so a rebuild differs), a year or a month alone, a date followed by anything after a
+#: space or a ``T`` (a DATE), eight digits (``20240506`` is a day of the year 57386) and rounds finer fractions away.
+_DATE_TEXT = "[0-9]{4}-[0-9]{2}-[0-9]{2}"
+_TIME_TEXT = "[T ][0-9]{2}:[0-9]{2}(:[0-9]{2}([.][0-9]{1,6}0{0,3})?)?"
+_ZONE_TEXT = "(Z|[+-][0-9]{2}(:?[0-9]{2})?| ?[A-Za-z][A-Za-z0-9_/+-]*)?"
+_TEMPORAL_TEXT: dict[type[T.DataType], str] = {
+    T.DateType: f"^{_DATE_TEXT}$",
+    T.TimestampType: f"^{_DATE_TEXT}({_TIME_TEXT}{_ZONE_TEXT})?$",
+    T.TimestampNTZType: f"^{_DATE_TEXT}({_TIME_TEXT})?$",
+}
 
 
 def connect_fields(schema_text: Column) -> Column:
@@ -78,24 +93,36 @@ def wire(name: str) -> Column:
 
 
 def is_number(text: Column) -> Column:
-    return F.coalesce(text.rlike(_NUMBER), F.lit(False))
+    return F.coalesce(text.rlike(NUMBER_TEXT), F.lit(False))
+
+
+def malformed(data_type: T.DataType, text: Column) -> Column:
+    """Whether ``text`` (a JSON value's text) is there and not one a DATE, TIMESTAMP or TIMESTAMP_NTZ column of
+    ``data_type`` takes (see :data:`_TEMPORAL_TEXT`); false for a column of another type."""
+    pattern = _TEMPORAL_TEXT.get(type(data_type))
+    if pattern is None:
+        return F.lit(False)
+    return F.coalesce(~text.rlike(pattern), F.lit(False))
 
 
 def converted(field: T.StructField, declared: Column) -> Column:
-    """A native row's value of column ``field`` as the typed parse read it (``declared``), except that a number for
-    a TIMESTAMP or DATE column is refused (null): the contract sends them as strings."""
+    """A native row's value of column ``field`` as the typed parse read it (``declared``), except that a TIMESTAMP or
+    DATE column refuses (null) a number, which the contract sends as a string, and a string not of its form."""
     if is_timestamp(field.dataType) or isinstance(field.dataType, T.DateType):
-        return F.when(is_number(wire(field.name)), F.lit(None).cast(field.dataType)).otherwise(declared)
+        text = wire(field.name)
+        refused = is_number(text) | malformed(field.dataType, text)
+        return F.when(refused, F.lit(None).cast(field.dataType)).otherwise(declared)
     return declared
 
 
 def from_text(field: T.StructField, text: Column, fields: Column) -> Column:
     """A Debezium row's value of column ``field`` from its JSON text: by the logical type the record's schema
-    (``fields``) gives it, else cast from the text; a number for a TIMESTAMP or DATE column with no logical type is
-    refused (null)."""
+    (``fields``) gives it, else cast from the text; a TIMESTAMP or DATE column with no logical type refuses (null) a
+    number and a string not of its form (:func:`malformed`)."""
     plain = text.try_cast(field.dataType)
     if is_timestamp(field.dataType) or isinstance(field.dataType, T.DateType):
-        plain = F.when(is_number(text), F.lit(None).cast(field.dataType)).otherwise(plain)
+        refused = is_number(text) | malformed(field.dataType, text)
+        plain = F.when(refused, F.lit(None).cast(field.dataType)).otherwise(plain)
     schema = field_schema(field.name, fields)
     by_schema = _by_logical_type(field.dataType, schema["name"], schema["parameters"], text)
     if by_schema is None:

@@ -949,10 +949,165 @@ def test_a_number_for_a_native_timestamp_has_no_unit_and_is_refused(spark: Spark
         record({"id": 1}, up(None, 19849), 2, topic="ev"),
     ]
     changes_df = decode_table(spark, cfg, rows, "events")
-    how = "a number with no unit: send a string such as 2024-05-06T10:15:30Z"
+    how = "a number with no unit: send a string such as"
     assert errors(changes_df) == [
-        (1, f"data does not match the table schema: at (timestamp, {how})"),
-        (2, f"data does not match the table schema: day (date, {how})"),
+        (1, f"data does not match the table schema: at (timestamp, {how} 2024-05-06T10:15:30.123456Z)"),
+        (2, f"data does not match the table schema: day (date, {how} 2024-05-06)"),
     ]
     (valid,) = decode.valid(changes_df).select(F.unix_micros("at").alias("at")).collect()
     assert valid["at"] == AT_MICROS
+
+
+#: Texts of dates and times that Spark's own parser reads, and what the contract says of each.
+DATE_TEXTS = {
+    "2024-05-06": "2024-05-06",
+    "0001-01-01": "0001-01-01",
+    "20240506": None,  # Spark: a day of the year 57386
+    "2024-05-06 garbage": None,  # Spark: 2024-05-06 (what follows a space or a T is dropped)
+    "2024-05-06T10:15:30Z": None,  # a time, whose zone may even change the day
+    "2024-5-6": None,
+    "2024-05": None,  # Spark: 2024-05-01
+    " 2024-05-06": None,
+    "-0044-03-15": None,
+}
+TIMESTAMP_TEXTS = {
+    "2024-05-06T10:15:30.123456Z": "2024-05-06 10:15:30.123456",
+    "2024-05-06 10:15:30.123+02:00": "2024-05-06 08:15:30.123",
+    "2024-05-06T10:15:30 Europe/Paris": "2024-05-06 08:15:30",
+    "2024-05-06T10:15:30+0200": "2024-05-06 08:15:30",
+    "2024-05-06T10:15:30+02": "2024-05-06 08:15:30",
+    "2024-05-06T10:15:30UTC": "2024-05-06 10:15:30",
+    "2024-05-06T10:15:30.123456000Z": "2024-05-06 10:15:30.123456",  # nanoseconds that are whole microseconds
+    "2024-05-06T10:15": "2024-05-06 10:15:00",
+    "2024-05-06": "2024-05-06 00:00:00",
+    "10:15:30": None,  # Spark: today at 10:15:30, so a rebuild tomorrow differs
+    "T10:15:30": None,
+    "2024-05-06T10:15:30.1234567Z": None,  # Spark: rounded to microseconds
+    "2024-05-06T10": None,
+    "2024": None,
+    "2024-05-06T10:15:30Z garbage": None,
+}
+NTZ_TEXTS = {
+    "2024-05-06T10:15:30.123456": "2024-05-06 10:15:30.123456",
+    "2024-05-06 10:15": "2024-05-06 10:15:00",
+    "2024-05-06T10:15:30Z": None,
+    "10:15:30": None,
+}
+
+
+def _temporal_cases() -> list[tuple[str, str, str | None]]:
+    return [
+        *[("day", text, want) for text, want in DATE_TEXTS.items()],
+        *[("at", text, want) for text, want in TIMESTAMP_TEXTS.items()],
+        *[("local", text, want) for text, want in NTZ_TEXTS.items()],
+    ]
+
+
+TEMPORAL_SCHEMA = "id BIGINT, at TIMESTAMP, local TIMESTAMP_NTZ, day DATE, amount DECIMAL(10,2)"
+TEMPORAL_KINDS = {"day": "date", "at": "timestamp", "local": "timestamp_ntz"}
+TEMPORAL_FORMS = {"day": "2024-05-06", "at": "2024-05-06T10:15:30.123456Z", "local": "2024-05-06T10:15:30.123456"}
+
+
+def _temporal_reason(column: str, text: str) -> str:
+    kind, form = TEMPORAL_KINDS[column], TEMPORAL_FORMS[column]
+    if re.fullmatch("[0-9]+", text):  # a string of digits reads as a number
+        why = f"a number with no unit: send a string such as {form}"
+    else:
+        why = f"not of the form {form}: see the contract's dates and times"
+    return f"data does not match the table schema: {column} ({kind}, {why})"
+
+
+def _as_text(df: DataFrame) -> dict[int, dict[str, Any]]:
+    cast = [F.col(c).cast("string").alias(c) for c in ("day", "at", "local", "amount")]
+    return {row["_offset"]: row.asDict() for row in decode.valid(df).select("_offset", *cast).collect()}
+
+
+@pytest.mark.parametrize("layout", ["one table", "two tables"])
+def test_dates_and_times_are_read_in_their_iso_form_only(spark: SparkSession, layout: str) -> None:
+    """Spark's parser reads many texts into a DATE or TIMESTAMP (a time alone on the day it runs, eight digits as a
+    far-off year, a date followed by anything): each such record is quarantined with a reason, on the typed path of
+    a one-table topic and on the untyped path of a topic of two tables."""
+    events = {"topic": "ev", "keys": ["id"], "schema": TEMPORAL_SCHEMA}
+    tables = {"events": events} if layout == "one table" else {"events": events, "other": {**events, "keys": ["id"]}}
+    cfg = replica(tables)
+    cases = _temporal_cases()
+    table = {} if layout == "one table" else {"table": "events"}
+    rows = [
+        record({"id": 1}, {"op": "upsert", **table, "data": {"id": 1, column: text}}, offset, topic="ev")
+        for offset, (column, text, _) in enumerate(cases)
+    ]
+    changes_df = decode_table(spark, cfg, rows, "events")
+    got = _as_text(changes_df)
+    assert errors(changes_df) == [
+        (offset, _temporal_reason(column, text)) for offset, (column, text, want) in enumerate(cases) if want is None
+    ]
+    assert {offset: got[offset][column] for offset, (column, _, want) in enumerate(cases) if want} == {
+        offset: want for offset, (_, _, want) in enumerate(cases) if want
+    }
+
+
+def test_a_date_or_time_key_is_read_in_its_iso_form_only(spark: SparkSession) -> None:
+    cfg = replica({"days": {"topic": "days", "keys": ["day"], "schema": "day DATE, n BIGINT"}})
+    texts = {"2024-05-06": True, "20240506": False, "2024-05-06 garbage": False, "2024-05": False}
+    rows = [
+        record({"day": text}, {"op": "upsert", "data": {"day": text, "n": offset}}, offset, topic="days")
+        for offset, text in enumerate(texts)
+    ]
+    changes_df = decode_table(spark, cfg, rows, "days")
+    wrong = "key has a column of the wrong type (expected day date)"
+    assert errors(changes_df) == [(offset, wrong) for offset, ok in enumerate(texts.values()) if not ok]
+    assert [str(r["day"]) for r in decode.valid(changes_df).collect()] == ["2024-05-06"]
+
+
+AT_TEXT = "2024-05-06T10:15:30.123456Z"
+
+
+def test_a_debezium_date_or_time_without_a_logical_type_is_read_in_its_iso_form_only(spark: SparkSession) -> None:
+    cfg = replica({"events": {**EVENTS, "schema": "id BIGINT, at TIMESTAMP, day DATE"}})
+    rows = [
+        record({"id": 1}, dbz("c", None, {"id": 1, "at": AT_TEXT, "day": "2024-05-06"}), 0, "dbz"),
+        record({"id": 1}, dbz("c", None, {"id": 1, "at": "10:15:30"}), 1, "dbz"),
+        record({"id": 1}, dbz("c", None, {"id": 1, "day": "2024-05-06 garbage"}), 2, "dbz"),
+    ]
+    changes_df = decode_table(spark, cfg, rows, "events")
+    assert errors(changes_df) == [
+        (1, _temporal_reason("at", "10:15:30")),
+        (2, _temporal_reason("day", "2024-05-06 garbage")),
+    ]
+    (valid,) = decode.valid(changes_df).select(F.unix_micros("at").alias("at"), "day").collect()
+    assert (valid["at"], str(valid["day"])) == (AT_MICROS, "2024-05-06")
+
+
+@pytest.mark.parametrize("layout", ["one table", "two tables"])
+def test_a_native_decimal_takes_numbers_and_strings_that_hold_one(spark: SparkSession, layout: str) -> None:
+    """A DECIMAL takes a JSON number, or a string holding one exactly as JSON writes it (``"12.50"``: how Python's
+    ``json.dumps(default=str)`` writes a ``Decimal``); Spark reads any other string too (``"1,234.5"`` as 1234.50,
+    dropping commas), and such a record is quarantined, however its JSON is spaced or its field name escaped."""
+    events = {"topic": "ev", "keys": ["id"], "schema": TEMPORAL_SCHEMA}
+    tables = {"events": events} if layout == "one table" else {"events": events, "other": events}
+    cfg = replica(tables)
+    table = "" if layout == "one table" else '"table": "events", '
+
+    def value(data: str) -> bytes:  # a digit at the 9th character, where a field name not found would be read
+        return ('{"seq":12, "op": "upsert", ' + table + '"data": {"id": 1, ' + data + "}}").encode()
+
+    texts = [
+        ('"amount": 12.5', "12.50"),
+        ('"amount":-3', "-3.00"),
+        ('"amount":  7', "7.00"),
+        ('"amount": "12.50"', "12.50"),
+        ('"amount":"-1e2"', "-100.00"),
+        ('"amo\\u0075nt": "12.50"', "12.50"),
+        ('"amount":"1,234.5"', None),
+        ('"amount": "12.5 "', None),
+        ('"amount": "+5"', None),
+        ('"amount":\t".5"', None),
+        ('"amo\\u0075nt": "1,2"', None),
+        ('"amount" : "1,5"', None),
+    ]
+    rows = [record({"id": 1}, value(data), offset, topic="ev") for offset, (data, _) in enumerate(texts)]
+    changes_df = decode_table(spark, cfg, rows, "events")
+    wrong = "data does not match the table schema: amount (decimal(10,2))"
+    assert errors(changes_df) == [(offset, wrong) for offset, (_, want) in enumerate(texts) if want is None]
+    got = _as_text(changes_df)
+    assert {offset: got[offset]["amount"] for offset in got} == {o: want for o, (_, want) in enumerate(texts) if want}
