@@ -186,6 +186,21 @@ def _syntax_step(raw: Column, single: Column, name: str) -> Step:
     return _with(name, F.when(~single, found.otherwise(_BAD_SYNTAX)))
 
 
+#: A ``\\u`` escape of a high surrogate not followed by a low one, or of a low one not after a high one: valid JSON
+#: syntax that names no Unicode character, which the strict parse refuses (an escaped backslash is not an escape).
+_UNPAIRED_SURROGATE = (
+    r"(?<!\\)(?:\\\\)*"
+    r"(?:\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+)
+
+
+def _no_unpaired_surrogate(text: Column) -> Column:
+    """Whether ``text`` has no :data:`_UNPAIRED_SURROGATE` (a typed parse reads one, and its UTF-8 bytes hold a
+    ``?`` in its place). A text without a ``\\u`` escape costs one scan for it, not the regular expression."""
+    return ~text.contains("\\u") | ~text.rlike(_UNPAIRED_SURROGATE)
+
+
 def _text_checks(
     raw: Column, single: Column, syntax: Column, what: str, not_object: str
 ) -> list[tuple[Column, Column | str]]:
@@ -201,6 +216,7 @@ def _text_checks(
         (F.octet_length(raw) == 0, f"{what} is empty (zero bytes)"),
         (~single & (syntax == _TOO_DEEP), f"{what} nests deeper than {MAX_DEPTH} levels"),
         (~single & (syntax >= _BAD_SYNTAX), f"{not_object}: {_NOT_JSON}"),
+        (~single & text.rlike(_UNPAIRED_SURROGATE), f"{what} has a \\u escape of half a surrogate pair (no character)"),
         (~single & F.try_parse_json(text).isNull(), f"{what} has a duplicate field name"),
         (~single, f"{what} has content after its JSON object"),
     ]
@@ -401,6 +417,7 @@ def _plain_value(text: Column, typed: Column, data: T.StructType) -> Column:
         _count(text, "{") == objects,
         _count(text, "}") == objects,
         F.is_valid_utf8(text),
+        _no_unpaired_surrogate(text),
     ]
     return F.coalesce(reduce(lambda a, b: a & b, checks), F.lit(False))
 
@@ -858,6 +875,7 @@ def _plain_key(key_text: Column, key_struct: Column, columns: Sequence[str]) -> 
         & (_count(key_text, "{") == 1)
         & (_count(key_text, "}") == 1)
         & (F.octet_length(F.translate(after, " \t\n\r", "")) == 0)
+        & _no_unpaired_surrogate(key_text)
     )
     return F.coalesce(plain, F.lit(False))
 

@@ -568,6 +568,12 @@ def test_only_strict_json_in_utf8_decodes(spark: SparkSession) -> None:
         record(key, b'  {"op": "upsert", "seq": 2, "data": {"order_id": 1, "status": "a]b"}}\n', 21),
         record(b'{"order_id": ' + b"[" * 1200 + b"]" * 1200 + b"}", ok, 22),
         record(b"{'order_id': 1}", ok, 23),
+        record(key, upsert_bytes('{"order_id": 1, "status": "\\ud800"}'), 24),
+        record(key, upsert_bytes('{"order_id": 1, "status": "a\\udc00\\ud83d\\ude00"}'), 25),
+        record(key, upsert_bytes('{"order_id": 1, "status": "\\ud83d\\ude00 \\\\ud800"}'), 26),  # a pair; a backslash
+        record({"order_id": 1, "status": "\ud800"}, ok, 27),
+        record(key, upsert_bytes('{"order_id": 1, "status": "\\ud83d\\ude00", "status": "b"}'), 28),  # a pair
+        record(key, upsert_bytes('{"order_id": 1, "status": "\\\\ud800", "status": "b"}'), 29),  # a backslash
     ]
     changes_df = decode_table(spark, cfg, rows, "orders")
     after = "value has content after its JSON object"
@@ -594,8 +600,13 @@ def test_only_strict_json_in_utf8_decodes(spark: SparkSession) -> None:
         (20, "value is not valid UTF-8"),
         (22, "key nests deeper than 1000 levels"),
         (23, f"key is not a JSON object of the key columns (order_id): {NOT_JSON}"),
+        (24, "value has a \\u escape of half a surrogate pair (no character)"),
+        (25, "value has a \\u escape of half a surrogate pair (no character)"),
+        (27, "key has a \\u escape of half a surrogate pair (no character)"),
+        (28, "value has a duplicate field name"),
+        (29, "value has a duplicate field name"),
     ]
-    assert offsets(decode.valid(changes_df)) == [0, 21]
+    assert offsets(decode.valid(changes_df)) == [0, 21, 26]
     assert changes_df.count() == len(rows)
     kept = changes_df.where(F.col("_offset").isin(1, 5)).orderBy("_offset").collect()
     assert [bytes(r["_value"]) for r in kept] == [ok.replace(b"ada", b"\xffda"), ok + b"]"]
@@ -731,6 +742,25 @@ def test_debezium_records_are_as_strict(spark: SparkSession) -> None:
         (6, "key has a field that is not a key column: db (the key columns: id)"),
         (7, "value has content after its JSON object"),
     ]
+
+
+def test_a_string_with_half_a_surrogate_pair_is_refused_in_a_plain_key_and_value(spark: SparkSession) -> None:
+    """A typed parse reads a ``\\u`` escape of half a surrogate pair, and Spark stores it as ``?`` (``"a\\ud800b"``
+    was ``a?b``): a key or value that is otherwise plain (no strict parse) must be refused too."""
+    cfg = replica({"accounts": {"topic": "accounts", "keys": ["name"], "schema": "name STRING, note STRING"}})
+
+    def value(name: str, note: str) -> bytes:
+        return ('{"op":"upsert","data":{"name":"' + name + '","note":"' + note + '"}}').encode()
+
+    rows = [
+        record(b'{"name":"ada"}', value("ada", "a\\ud800b"), 0, topic="accounts"),
+        record(b'{"name":"a\\udc00"}', value("a", "fine"), 1, topic="accounts"),
+        record(b'{"name":"zo\\u00eb"}', value("zo\\u00eb", "\\ud83d\\ude00"), 2, topic="accounts"),
+    ]
+    changes_df = decode_table(spark, cfg, rows, "accounts")
+    half = "has a \\u escape of half a surrogate pair (no character)"
+    assert errors(changes_df) == [(0, f"value {half}"), (1, f"key {half}")]
+    assert [(r["name"], r["note"]) for r in decode.valid(changes_df).collect()] == [("zo\u00eb", "\U0001f600")]
 
 
 # ---------------------------------------------------------------------------------------------- logical types
