@@ -286,7 +286,7 @@ def _native_steps(tables: tuple[TableConfig, ...], data: T.StructType | None) ->
         F.when(is_tombstone, one_table).otherwise(table).alias("_table"),
         F.when(is_tombstone, F.lit("delete")).otherwise(env["op"]).alias("_op"),
         F.when(is_tombstone, F.lit(None).cast("long")).otherwise(env["seq"]).alias("_seq"),
-        F.timestamp_millis(env["ts_ms"]).alias("_event_ts"),
+        _event_ts(env["ts_ms"]).alias("_event_ts"),
         is_tombstone.alias("_tombstone"),
         F.col("_key").cast("string").alias("_key_json"),
         F.when(~clean, env["data"]).alias("_data_json"),
@@ -477,6 +477,7 @@ def _native_error(route_error: Column) -> Column:
         *_text_checks(F.col("_value"), F.col("_single"), F.col("_value_syntax"), "value", "value is not a JSON object"),
         (_suspect(env, "op") & ~_is_object(strict), "value is not a JSON object"),
         (env["_corrupt"].isNotNull(), wrong_type),
+        (~_in_time_range(env["ts_ms"]), f"envelope's ts_ms {_NOT_A_TIME}"),
         (op.isNull(), "missing op"),
         (~op.isin("upsert", "delete") & _not_string(strict, _field_path("op")), wrong_type),
         (
@@ -523,11 +524,15 @@ def _debezium_steps(table: TableConfig, data_columns: tuple[str, ...]) -> tuple[
     is_tombstone = F.col("_value").isNull()
     dbz_op = payload["op"]
     is_upsert = dbz_op.isin(*_DEBEZIUM_UPSERT_OPS)
-    source_ts = F.get_json_object(payload["source"], "$.ts_ms").cast("long")
+    # Fields read by path, as text: a value that is not a whole number of BIGINT's range is refused (a cast would
+    # fail the batch).
+    source_ts_text = F.get_json_object(payload["source"], "$.ts_ms")
+    source_ts = source_ts_text.try_cast("long")
+    event_ms = F.coalesce(source_ts, payload["ts_ms"])
+    seq_text: Column = F.lit(None).cast("string")
     if table.sequence_by and table.sequence_by not in data_columns:
-        seq: Column = F.get_json_object(payload_text, f"$.{table.sequence_by}").cast("long")
-    else:
-        seq = F.lit(None).cast("long")
+        seq_text = F.get_json_object(payload_text, f"$.{table.sequence_by}")
+    seq = seq_text.try_cast("long")
     error = _first_error(
         (F.col("_key").isNull(), "missing key: the Kafka record key is null"),
         (is_tombstone, _no_error()),
@@ -540,13 +545,19 @@ def _debezium_steps(table: TableConfig, data_columns: tuple[str, ...]) -> tuple[
             F.concat(F.lit("unsupported Debezium op '"), dbz_op, F.lit("' (expected c, r, u or d)")),
         ),
         (is_upsert & payload["after"].isNull(), "Debezium change without 'after'"),
+        (source_ts_text.isNotNull() & source_ts.isNull(), "Debezium source.ts_ms is not a whole number"),
+        (~_in_time_range(event_ms), f"Debezium ts_ms {_NOT_A_TIME}"),
+        (
+            seq_text.isNotNull() & seq.isNull(),
+            f"Debezium {table.sequence_by} (the table's sequence) is not a whole number of BIGINT's range",
+        ),
     )
     return *staged, _select(
         *_raw_columns(),
         F.lit(table.name).alias("_table"),
         F.when(is_tombstone | (dbz_op == "d"), F.lit("delete")).otherwise(F.lit("upsert")).alias("_op"),
         F.when(is_tombstone, F.lit(None).cast("long")).otherwise(seq).alias("_seq"),
-        F.timestamp_millis(F.coalesce(source_ts, payload["ts_ms"])).alias("_event_ts"),
+        _event_ts(event_ms).alias("_event_ts"),
         is_tombstone.alias("_tombstone"),
         key_json.alias("_key_json"),
         # A delete's row image is `before`: only its sequence column is used (see table_changes).
@@ -561,6 +572,22 @@ def _debezium_steps(table: TableConfig, data_columns: tuple[str, ...]) -> tuple[
         ).alias(ROW),
         F.when(wrapped & ~is_tombstone, logical.connect_fields(outer["schema"])).alias(logical.CONNECT_FIELDS),
     )
+
+
+#: The milliseconds of Spark's (and Python's) times: 0001-01-01 to 9999-12-31. A ts_ms beyond overflows a
+#: timestamp (which would fail the batch) or leaves the calendar most readers know.
+_MIN_MS, _MAX_MS = -62_135_596_800_000, 253_402_300_799_999
+_NOT_A_TIME = "is not a time in milliseconds between 0001-01-01 and 9999-12-31"
+
+
+def _in_time_range(ms: Column) -> Column:
+    """Whether milliseconds ``ms`` (a BIGINT) are null or within :data:`_MIN_MS` to :data:`_MAX_MS`."""
+    return F.coalesce(ms.between(_MIN_MS, _MAX_MS), F.lit(True))
+
+
+def _event_ts(ms: Column) -> Column:
+    """The change's event time from its milliseconds; null where out of range (the record is refused then)."""
+    return F.timestamp_millis(F.when(ms.between(_MIN_MS, _MAX_MS), ms))
 
 
 def _raw_columns() -> list[Column]:
@@ -617,6 +644,10 @@ def _table_steps(
         (F.col("_error").isNotNull(), F.col("_error")),
         *_key_checks(schema),
         *_data_checks(schema),
+        (
+            ~F.col("_tombstone") & _sequence_overflows(schema, seq),
+            f"sequence {table.sequence_by} is beyond BIGINT's range (the table is ordered by it as a BIGINT)",
+        ),
         (
             F.lit(table.sequence_by is not None) & ~F.col("_tombstone") & seq.isNull(),
             f"missing sequence: table {table.name} is ordered by {table.sequence_by}",
@@ -800,10 +831,11 @@ def _data_checks(schema: TableSchema) -> list[tuple[Column, Column | str]]:
 
 
 def _sequence(schema: TableSchema) -> Column:
-    """A change's place in its key's order: the row's ``sequence_by`` column if the row has it, else the envelope's."""
+    """A change's place in its key's order: the row's ``sequence_by`` column if the row has it, else the envelope's.
+    Null where the row's value is beyond BIGINT's range (a DECIMAL(p,0) column; see :func:`_sequence_overflows`)."""
     table = schema.table
     if table.sequence_by and table.sequence_by in schema.data.fieldNames():
-        row_seq = F.col("_d")[table.sequence_by].cast("long")
+        row_seq = F.col("_d")[table.sequence_by].try_cast("long")
         # A Debezium delete's row image is its `before`; a native delete carries no row, its envelope seq orders it.
         return (
             row_seq
@@ -811,6 +843,14 @@ def _sequence(schema: TableSchema) -> Column:
             else F.when(F.col("_op") == "upsert", row_seq).otherwise(F.col("_seq"))
         )
     return F.col("_seq")
+
+
+def _sequence_overflows(schema: TableSchema, seq: Column) -> Column:
+    """Whether the row holds a ``sequence_by`` value that :func:`_sequence` (``seq``) could not read as a BIGINT."""
+    table = schema.table
+    if not (table.sequence_by and table.sequence_by in schema.data.fieldNames()):
+        return F.lit(False)
+    return F.col("_d")[table.sequence_by].isNotNull() & seq.isNull()
 
 
 def _data(present: frozenset[str], schema: TableSchema) -> Column:

@@ -1141,3 +1141,51 @@ def test_a_native_decimal_takes_numbers_and_strings_that_hold_one(spark: SparkSe
     assert errors(changes_df) == [(offset, wrong) for offset, (_, want) in enumerate(texts) if want is None]
     got = _as_text(changes_df)
     assert {offset: got[offset]["amount"] for offset in got} == {o: want for o, (_, want) in enumerate(texts) if want}
+
+
+# ---------------------------------------------------------------------------------------------- never fatal
+def test_numbers_spark_would_fail_the_batch_on_are_refused_records(spark: SparkSession) -> None:
+    """An event time beyond a timestamp's range, a sequence beyond BIGINT's or a Debezium field that is not a whole
+    number made Spark's casts fail the decode's job, so the replica stopped at the record on every restart: each is
+    now a quarantined record, and the records beside it decode."""
+    native = replica({"t": {"topic": "t", "keys": ["id"], "sequence_by": "v", "schema": "id BIGINT, v DECIMAL(38,0)"}})
+    not_a_time = "is not a time in milliseconds between 0001-01-01 and 9999-12-31"
+    native_rows = [
+        record({"id": 1}, {"op": "upsert", "data": {"id": 1, "v": 5}}, 0, topic="t"),
+        record({"id": 1}, {"op": "upsert", "data": {"id": 1, "v": 10**30}}, 1, topic="t"),
+        *[
+            record({"id": 1}, {"op": "upsert", "ts_ms": ms, "data": {"id": 1, "v": 6}}, offset, topic="t")
+            for offset, ms in ((2, 10**17), (3, 2**63 - 1), (4, -(2**63)), (5, 253_402_300_799_999))
+        ],
+    ]
+    native_df = decode_table(spark, native, native_rows, "t")
+    assert errors(native_df) == [
+        (1, "sequence v is beyond BIGINT's range (the table is ordered by it as a BIGINT)"),
+        (2, f"envelope's ts_ms {not_a_time}"),
+        (3, f"envelope's ts_ms {not_a_time}"),
+        (4, f"envelope's ts_ms {not_a_time}"),
+    ]
+    valid = decode.valid(native_df).select("_offset", "_seq", F.col("_event_ts").cast("string").alias("at"))
+    assert [tuple(r) for r in valid.orderBy("_offset").collect()] == [(0, 5, None), (5, 6, "9999-12-31 23:59:59.999")]
+
+    dbz_cfg = replica({"events": {**EVENTS, "sequence_by": "source.lsn"}})
+    base: dict[str, Any] = {"before": None, "after": {"id": 1}, "op": "c", "ts_ms": 1}
+    payloads: list[tuple[dict[str, Any], str | None]] = [
+        ({**base, "source": {"ts_ms": 2, "lsn": 7}}, None),
+        ({**base, "source": {"ts_ms": "2", "lsn": 7}}, None),  # a string of a whole number, as get_json_object reads
+        ({**base, "source": {"ts_ms": "abc", "lsn": 7}}, "Debezium source.ts_ms is not a whole number"),
+        ({**base, "source": {"ts_ms": 1.5, "lsn": 7}}, "Debezium source.ts_ms is not a whole number"),
+        ({**base, "source": {"ts_ms": 10**17, "lsn": 7}}, f"Debezium ts_ms {not_a_time}"),
+        ({**base, "ts_ms": 10**17, "source": {"lsn": 7}}, f"Debezium ts_ms {not_a_time}"),
+        *[
+            (
+                {**base, "source": {"ts_ms": 2, "lsn": lsn}},
+                "Debezium source.lsn (the table's sequence) is not a whole number of BIGINT's range",
+            )
+            for lsn in ("abc", 1.5, 10**30, True, {"a": 1})
+        ],
+    ]
+    dbz_rows = [record({"id": 1}, payload, offset, topic="dbz") for offset, (payload, _) in enumerate(payloads)]
+    dbz_df = decode_table(spark, dbz_cfg, dbz_rows, "events")
+    assert errors(dbz_df) == [(offset, why) for offset, (_, why) in enumerate(payloads) if why]
+    assert [r["_seq"] for r in decode.valid(dbz_df).orderBy("_offset").collect()] == [7, 7]
