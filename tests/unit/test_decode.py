@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 import json
 import re
-from datetime import datetime
+from datetime import UTC, date, datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from pyspark.sql import functions as F
 
 from replica_lib import decode, logical
 from replica_lib.config import ReplicaConfig, parse_replica
+from replica_lib.producer import Change, encode_key, encode_value
 from replica_lib.target import TableSchema, table_schema
 
 # The decode's expressions run as in a replica job: with Spark's code generation (tests/conftest.py).
@@ -1141,6 +1143,46 @@ def test_a_native_decimal_takes_numbers_and_strings_that_hold_one(spark: SparkSe
     assert errors(changes_df) == [(offset, wrong) for offset, (_, want) in enumerate(texts) if want is None]
     got = _as_text(changes_df)
     assert {offset: got[offset]["amount"] for offset in got} == {o: want for o, (_, want) in enumerate(texts) if want}
+
+
+def test_the_producer_s_python_values_decode_exactly(spark: SparkSession) -> None:
+    """What ``replica_lib.producer`` writes for Python's ``Decimal``, ``date`` and ``datetime`` (``str`` of each) is
+    of the contract's forms, so it decodes to the same values: the rules above must not refuse our own producer."""
+    cfg = replica({"events": {"topic": "ev", "keys": ["id"], "schema": TEMPORAL_SCHEMA}})
+    paris = timezone(timedelta(hours=2))
+    rows_in = [
+        {"id": 1, "amount": Decimal("12.50"), "day": date(2024, 5, 6), "at": AT.replace(tzinfo=UTC)},
+        {"id": 2, "amount": Decimal("-0.01"), "at": AT.replace(tzinfo=paris), "local": AT},
+        {
+            "id": 3,
+            "amount": Decimal("7"),
+            "at": AT.replace(microsecond=0, tzinfo=UTC),
+            "local": AT.replace(microsecond=0),
+        },
+    ]
+    rows = [
+        (
+            bytearray(encode_key({"id": r["id"]})),
+            bytearray(encode_value(Change(key={"id": r["id"]}, data=r)) or b""),
+            "ev",
+            0,
+            i,
+            KAFKA_TS,
+        )
+        for i, r in enumerate(rows_in)
+    ]
+    changes_df = decode_table(spark, cfg, rows, "events")
+    assert errors(changes_df) == []
+    got = (
+        decode.valid(changes_df)
+        .orderBy("_offset")
+        .select("id", "amount", "day", F.unix_micros("at").alias("at"), F.col("local").cast("string").alias("local"))
+    )
+    assert [tuple(r) for r in got.collect()] == [
+        (1, Decimal("12.50"), date(2024, 5, 6), AT_MICROS, None),
+        (2, Decimal("-0.01"), None, AT_MICROS - 2 * 3600 * 1_000_000, "2024-05-06 10:15:30.123456"),
+        (3, Decimal("7.00"), None, AT_MICROS - 123456, "2024-05-06 10:15:30"),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- never fatal
