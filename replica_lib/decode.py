@@ -496,13 +496,19 @@ def _typed_envelope(data: T.StructType) -> T.StructType:
     return T.StructType([f if f.name != "data" else T.StructField("data", data) for f in envelope.fields])
 
 
-def debezium_envelopes(raw_df: DataFrame, table: TableConfig, data_columns: Sequence[str]) -> DataFrame:
-    """Envelopes of Debezium's JSON format, with or without the ``schema``/``payload`` wrapper."""
-    return _apply(raw_df, _debezium_steps(table, tuple(data_columns)))
+def debezium_envelopes(
+    raw_df: DataFrame, table: TableConfig, data_columns: Sequence[str], dated_keys: bool = False
+) -> DataFrame:
+    """Envelopes of Debezium's JSON format, with or without the ``schema``/``payload`` wrapper.
+
+    ``dated_keys``: the table's key has a DATE or TIMESTAMP column, which a key with a Connect schema sends as a count
+    in the unit of its logical type: the key's field schemas are kept (:data:`logical.KEY_CONNECT_FIELDS`).
+    """
+    return _apply(raw_df, _debezium_steps(table, tuple(data_columns), dated_keys))
 
 
 @lru_cache(maxsize=_CACHED_SCHEMAS)
-def _debezium_steps(table: TableConfig, data_columns: tuple[str, ...]) -> tuple[Step, ...]:
+def _debezium_steps(table: TableConfig, data_columns: tuple[str, ...], dated_keys: bool) -> tuple[Step, ...]:
     text = F.col("_value").cast("string")
     key_text = F.col("_key").cast("string")
     outer = F.col("_outer")
@@ -518,9 +524,8 @@ def _debezium_steps(table: TableConfig, data_columns: tuple[str, ...]) -> tuple[
         _with("_key_outer", F.from_json(key_text, "schema STRING, payload STRING")),
     )
     payload_text, payload, key_outer = F.col("_payload_text"), F.col("_payload"), F.col("_key_outer")
-    key_json = F.when(
-        key_outer["schema"].isNotNull() & key_outer["payload"].isNotNull(), key_outer["payload"]
-    ).otherwise(key_text)
+    key_wrapped = key_outer["schema"].isNotNull() & key_outer["payload"].isNotNull()
+    key_json = F.when(key_wrapped, key_outer["payload"]).otherwise(key_text)
     is_tombstone = F.col("_value").isNull()
     dbz_op = payload["op"]
     is_upsert = dbz_op.isin(*_DEBEZIUM_UPSERT_OPS)
@@ -571,6 +576,11 @@ def _debezium_steps(table: TableConfig, data_columns: tuple[str, ...]) -> tuple[
             ),
         ).alias(ROW),
         F.when(wrapped & ~is_tombstone, logical.connect_fields(outer["schema"])).alias(logical.CONNECT_FIELDS),
+        *(
+            [F.when(key_wrapped, logical.key_connect_fields(key_outer["schema"])).alias(logical.KEY_CONNECT_FIELDS)]
+            if dated_keys
+            else []
+        ),
     )
 
 
@@ -601,8 +611,10 @@ def envelopes(raw_df: DataFrame, cfg: ReplicaConfig, schemas: dict[str, TableSch
         tables = [t for t in cfg.tables if t.topic == topic]
         topic_df = raw_df.where(F.col("topic") == topic)
         if tables[0].format == "debezium":
-            names = [f.name for f in schemas[tables[0].name].data.fields]
-            parts.append(debezium_envelopes(topic_df, tables[0], names))
+            schema = schemas[tables[0].name]
+            names = [f.name for f in schema.data.fields]
+            dated = any(logical.is_date_or_time(f.dataType) for f in schema.key_schema.fields)
+            parts.append(debezium_envelopes(topic_df, tables[0], names, dated))
         else:
             data = schemas[tables[0].name].data if len(tables) == 1 else None
             parts.append(native_envelopes(topic_df, tables, data))
@@ -626,7 +638,11 @@ def table_changes(
     """
     # What of the envelope's columns the expressions depend on (besides the schema): whether it holds the rows
     # typed already, and the records' Debezium field schemas.
-    present = frozenset(env_df.columns) & {typed_data_column(schema.table.name), logical.CONNECT_FIELDS}
+    present = frozenset(env_df.columns) & {
+        typed_data_column(schema.table.name),
+        logical.CONNECT_FIELDS,
+        logical.KEY_CONNECT_FIELDS,
+    }
     return _apply(env_df, _table_steps(schema, present, unrouted, alone, keep_raw))
 
 
@@ -748,7 +764,7 @@ def _typed_key_and_data(present: frozenset[str], schema: TableSchema) -> tuple[S
         data_struct["_corrupt"].isNotNull(),
     )
     return (
-        _with("_k", F.from_json(F.col("_key_json"), _with_corrupt(schema.key_schema), _PERMISSIVE)),
+        _with("_k", _key(present, schema)),
         _with("_d", _data(present, schema)),
         # Before the key's checks, so that Spark projects it with them, apart from the parses around them.
         _with("_bad", F.when((F.col("_op") == "upsert") & suspect, bad_columns)),
@@ -758,6 +774,36 @@ def _typed_key_and_data(present: frozenset[str], schema: TableSchema) -> tuple[S
         _with("_key_single", F.when(F.col("_key_plain"), F.lit(True)).otherwise(_single(key_text, _strict(key_text)))),
         _syntax_step(F.col("_key"), F.col("_key_single"), "_key_syntax"),
     )
+
+
+def _debezium_dated_keys(schema: TableSchema) -> list[T.StructField]:
+    """A Debezium table's DATE and TIMESTAMP key columns (read by the key's logical types, see :func:`_key`)."""
+    if schema.table.format != "debezium":
+        return []
+    return [f for f in schema.key_schema.fields if logical.is_date_or_time(f.dataType)]
+
+
+def _key(present: frozenset[str], schema: TableSchema) -> Column:
+    """The key typed, from ``_key_json``. A Debezium key's DATE and TIMESTAMP columns are read as text and converted
+    as a row's are (:func:`logical.from_text`): by the logical type the key's Connect schema gives them, else from
+    a string of the column's form; a value neither gives is null (refused by :func:`_key_checks`)."""
+    dated = _debezium_dated_keys(schema)
+    if not dated:
+        return F.from_json(F.col("_key_json"), _with_corrupt(schema.key_schema), _PERMISSIVE)
+    fields = (
+        F.col(logical.KEY_CONNECT_FIELDS)
+        if logical.KEY_CONNECT_FIELDS in present
+        else F.lit(None).cast(logical.FIELDS_TYPE)
+    )
+    as_text = T.StructType(
+        [T.StructField(f.name, T.StringType()) if f in dated else f for f in schema.key_schema.fields]
+    )
+    text = F.from_json(F.col("_key_json"), _with_corrupt(as_text), _PERMISSIVE)
+    values = [
+        (logical.from_text(f, text[f.name], fields) if f in dated else text[f.name]).alias(f.name)
+        for f in schema.key_schema.fields
+    ]
+    return F.struct(*values, text["_corrupt"].alias("_corrupt"))
 
 
 def _key_checks(schema: TableSchema) -> list[tuple[Column, Column | str]]:
@@ -773,11 +819,15 @@ def _key_checks(schema: TableSchema) -> list[tuple[Column, Column | str]]:
             for f in schema.key_schema.fields
             if isinstance(f.dataType, T.StringType)
         ]
-        + [  # a date or time not of its column's form, which Spark's parser reads anyway (a number, too)
+        + [  # a native date or time not of its column's form, which Spark's parser reads anyway (a number, too)
             key_struct[f.name].isNotNull()
             & logical.malformed(f.dataType, F.get_json_object(F.col("_key_json"), f"$.{f.name}"))
             for f in schema.key_schema.fields
-            if logical.is_timestamp(f.dataType) or isinstance(f.dataType, T.DateType)
+            if logical.is_date_or_time(f.dataType) and schema.table.format == "native"
+        ]
+        + [  # a Debezium date or time that neither its logical type nor its form converts
+            key_struct[f.name].isNull() & F.get_json_object(F.col("_key_json"), f"$.{f.name}").isNotNull()
+            for f in _debezium_dated_keys(schema)
         ],
         key_struct["_corrupt"].isNotNull(),
     )

@@ -16,6 +16,11 @@ from pyspark.sql import types as T
 
 #: The envelope column holding the field schemas of a Debezium record's row image (null without a Connect schema).
 CONNECT_FIELDS = "_connect_fields"
+#: The same for the record's key (its own Connect schema), where the table's key has a DATE or TIMESTAMP column.
+KEY_CONNECT_FIELDS = "_key_connect_fields"
+_KEY_SCHEMA = "fields ARRAY<STRUCT<field: STRING, type: STRING, name: STRING, parameters: MAP<STRING, STRING>>>"
+#: The type of :data:`CONNECT_FIELDS` and :data:`KEY_CONNECT_FIELDS` (for a null of it).
+FIELDS_TYPE = "ARRAY<STRUCT<field: STRING, type: STRING, name: STRING, parameters: MAP<STRING, STRING>>>"
 _CONNECT_SCHEMA = (
     "fields ARRAY<STRUCT<field: STRING, "
     "fields: ARRAY<STRUCT<field: STRING, type: STRING, name: STRING, parameters: MAP<STRING, STRING>>>>>"
@@ -66,6 +71,15 @@ def connect_fields(schema_text: Column) -> Column:
         return F.try_element_at(F.filter(schema["fields"], lambda f: f["field"] == name), F.lit(1))["fields"]
 
     return F.coalesce(image("after"), image("before"))
+
+
+def key_connect_fields(schema_text: Column) -> Column:
+    """The field schemas of a record key's Connect schema (a struct of the key columns), or null."""
+    return F.from_json(schema_text, _KEY_SCHEMA, {"mode": "PERMISSIVE"})["fields"]
+
+
+def is_date_or_time(data_type: T.DataType) -> bool:
+    return is_timestamp(data_type) or isinstance(data_type, T.DateType)
 
 
 def field_schema(name: str, fields: Column) -> Column:

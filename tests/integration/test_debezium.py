@@ -322,3 +322,50 @@ def test_a_column_added_to_the_postgres_table_mid_stream_reaches_the_replica(
         replica_rows(spark, cfg, table, columns),
         as_expected(spark, source.rows(), f"{SCHEMA}, note STRING", COLUMNS.index("t")),
     )
+
+
+def test_a_table_keyed_by_dates_and_times_equals_postgres(
+    spark: SparkSession,
+    kafka: EmbeddedKafka,
+    postgres: EmbeddedPostgres,
+    connect: KafkaConnect,
+    tmp_path: Path,
+) -> None:
+    """A primary key of date and time columns (a partitioned table's key holds its partition column): Debezium sends
+    them in the record key as days, microseconds and ISO text, with the key's Connect schema saying which."""
+    rng = random.Random(11)
+    table = "readings"
+    schema = "d DATE, ts TIMESTAMP_NTZ, tz TIMESTAMP, a INT, v STRING"
+    keys = [
+        (
+            date(2024, 5, 1) + timedelta(days=i % 3),
+            datetime(2024, 5, 1, 10) + timedelta(microseconds=rng.randrange(10**12)),
+            datetime(2024, 5, 1, tzinfo=UTC) + timedelta(microseconds=rng.randrange(10**12)),
+            i,
+        )
+        for i in range(12)
+    ]
+    row = f"INSERT INTO {table} VALUES (%s, %s, %s, %s, %s)"
+    where = "WHERE d = %s AND ts = %s AND tz = %s AND a = %s"
+    ddl = "d date, ts timestamp, tz timestamptz, a integer, v text, PRIMARY KEY (d, ts, tz, a)"
+    execute(postgres, [f"CREATE TABLE {table} ({ddl})", *[(row, [*k, f"v{i}"]) for i, k in enumerate(keys[:8])]])
+    source = capture(postgres, connect, kafka, table)
+    spec = {
+        "topic": source.topic,
+        "format": "debezium",
+        "keys": ["d", "ts", "tz", "a"],
+        "sequence_by": "source.lsn",
+        "schema": schema,
+    }
+    cfg = replica_config(tmp_path, kafka.bootstrap_servers, f"dbz_{table}", {table: spec})
+    later: list[Statement] = [(row, [*k, f"v{i}"]) for i, k in enumerate(keys[8:], start=8)]
+    later += [(f"UPDATE {table} SET v = %s {where}", [f"changed {i}", *keys[i]]) for i in (0, 1, 9)]
+    later += [(f"DELETE FROM {table} {where}", list(keys[i])) for i in (2, 10)]
+    source.wait_captured(source.sql(later))
+    run_available_now(spark, cfg)
+
+    assert read_table(spark, cfg.quarantine).count() == 0
+    assert_equal(
+        replica_rows(spark, cfg, table, ("d", "ts", "tz", "a", "v")),
+        spark.createDataFrame(source.rows(), schema=schema),
+    )

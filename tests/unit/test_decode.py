@@ -969,6 +969,73 @@ def test_the_reason_names_each_column_debezium_sent_no_value_for(spark: SparkSes
     ]
 
 
+def key_with_schema(payload: dict[str, Any], **units: tuple[str, str | None, dict[str, str] | None]) -> dict[str, Any]:
+    """A Debezium record key wrapped with its Connect schema: a struct of the key columns, with their logical types."""
+    fields = [
+        {"type": kind, "optional": False, "field": name, **({"name": logical_name} if logical_name else {})}
+        for name, (kind, logical_name, _) in units.items()
+    ]
+    return {"schema": {"type": "struct", "fields": fields, "name": "shop.public.events.Key"}, "payload": payload}
+
+
+DATE_UNIT = ("int32", "io.debezium.time.Date", None)
+ZONED = ("string", "io.debezium.time.ZonedTimestamp", None)
+
+
+def test_a_debezium_date_or_time_key_is_read_by_its_logical_type(spark: SparkSession) -> None:
+    """A PostgreSQL table keyed by a date or a timestamp (a partitioned table's key holds its partition column) sends
+    its key as days or microseconds with the key's Connect schema: the key reads them as the row does. Spark's parse
+    refused the days and read the microseconds as seconds, so every change of such a table was quarantined."""
+    cfg = replica(
+        {
+            "days": {"topic": "dbz", "format": "debezium", "keys": ["day"], "schema": "day DATE, note STRING"},
+            "ticks": {"topic": "ticks", "format": "debezium", "keys": ["at"], "schema": "at TIMESTAMP, note STRING"},
+        }
+    )
+    rows = [
+        record(
+            key_with_schema({"day": DAY_COUNT}, day=DATE_UNIT),
+            with_schema(dbz("c", None, {"day": DAY_COUNT, "note": "a"}), day=DATE_UNIT),
+            0,
+            "dbz",
+        ),
+        record({"day": "2024-05-06"}, dbz("c", None, {"day": "2024-05-06", "note": "b"}), 1, "dbz"),
+        record({"day": DAY_COUNT}, dbz("c", None, {"day": "2024-05-06", "note": "c"}), 2, "dbz"),  # no unit
+        record({"day": "20240506"}, dbz("c", None, {"day": "2024-05-06", "note": "d"}), 3, "dbz"),
+    ]
+    ticks = [
+        record(
+            key_with_schema({"at": AT_MICROS}, at=MICRO),
+            with_schema(dbz("c", None, {"at": AT_MICROS, "note": "a"}), at=MICRO),
+            0,
+            "ticks",
+        ),
+        record(
+            key_with_schema({"at": AT_TEXT}, at=ZONED),
+            with_schema(dbz("c", None, {"at": AT_TEXT, "note": "b"}), at=ZONED),
+            1,
+            "ticks",
+        ),
+        record(
+            key_with_schema({"at": AT_MICROS + 1}, at=MICRO),
+            with_schema(dbz("c", None, {"at": AT_MICROS, "note": "c"}), at=MICRO),
+            2,
+            "ticks",
+        ),
+    ]
+    days_df = decode_table(spark, cfg, rows, "days")
+    wrong = "key has a column of the wrong type (expected day date)"
+    assert errors(days_df) == [(2, wrong), (3, wrong)]
+    assert [(str(r["day"]), r["note"]) for r in decode.valid(days_df).orderBy("_offset").collect()] == [
+        ("2024-05-06", "a"),
+        ("2024-05-06", "b"),
+    ]
+    ticks_df = decode_table(spark, cfg, ticks, "ticks")
+    assert errors(ticks_df) == [(2, "the record key does not match the key columns in data")]
+    valid = decode.valid(ticks_df).orderBy("_offset").select(F.unix_micros("at").alias("at"), "note").collect()
+    assert [tuple(r) for r in valid] == [(AT_MICROS, "a"), (AT_MICROS, "b")]
+
+
 def test_a_number_for_a_native_timestamp_has_no_unit_and_is_refused(spark: SparkSession) -> None:
     cfg = replica({"events": {"topic": "ev", "keys": ["id"], "schema": "id BIGINT, at TIMESTAMP, day DATE"}})
 
