@@ -795,13 +795,17 @@ def _key(present: frozenset[str], schema: TableSchema) -> Column:
         if logical.KEY_CONNECT_FIELDS in present
         else F.lit(None).cast(logical.FIELDS_TYPE)
     )
-    as_text = T.StructType(
-        [T.StructField(f.name, T.StringType()) if f in dated else f for f in schema.key_schema.fields]
-    )
-    text = F.from_json(F.col("_key_json"), _with_corrupt(as_text), _PERMISSIVE)
+    return _by_logical_types(F.col("_key_json"), schema.key_schema, dated, fields)
+
+
+def _by_logical_types(json: Column, struct: T.StructType, converted: Sequence[T.StructField], fields: Column) -> Column:
+    """``json`` parsed as ``struct``, its ``converted`` fields read as text and converted by the logical types the
+    Connect field schemas ``fields`` give them (:func:`logical.from_text`); ``_corrupt`` as a parse's."""
+    as_text = T.StructType([T.StructField(f.name, T.StringType()) if f in converted else f for f in struct.fields])
+    text = F.from_json(json, _with_corrupt(as_text), _PERMISSIVE)
     values = [
-        (logical.from_text(f, text[f.name], fields) if f in dated else text[f.name]).alias(f.name)
-        for f in schema.key_schema.fields
+        (logical.from_text(f, text[f.name], fields) if f in converted else text[f.name]).alias(f.name)
+        for f in struct.fields
     ]
     return F.struct(*values, text["_corrupt"].alias("_corrupt"))
 
@@ -914,15 +918,7 @@ def _data(present: frozenset[str], schema: TableSchema) -> Column:
     # A Debezium STRING column may also hold a time of day, which arrives as a count in the unit of its logical type.
     by_schema = [f for f in schema.data.fields if f in special or isinstance(f.dataType, T.StringType)]
     if connect is not None and by_schema:
-        as_text = T.StructType(
-            [T.StructField(f.name, T.StringType()) if f in by_schema else f for f in schema.data.fields]
-        )
-        text = F.from_json(F.col("_data_json"), _with_corrupt(as_text), _PERMISSIVE)
-        values = [
-            (logical.from_text(f, text[f.name], connect) if f in by_schema else text[f.name]).alias(f.name)
-            for f in schema.data.fields
-        ]
-        return F.struct(*values, text["_corrupt"].alias("_corrupt"))
+        return _by_logical_types(F.col("_data_json"), schema.data, by_schema, connect)
     parsed = F.from_json(F.col("_data_json"), _with_corrupt(schema.data), _PERMISSIVE)
     name = typed_data_column(schema.table.name)
     if name in present:

@@ -350,14 +350,7 @@ def test_a_table_keyed_by_dates_and_times_equals_postgres(
     ddl = "d date, ts timestamp, tz timestamptz, a integer, v text, PRIMARY KEY (d, ts, tz, a)"
     execute(postgres, [f"CREATE TABLE {table} ({ddl})", *[(row, [*k, f"v{i}"]) for i, k in enumerate(keys[:8])]])
     source = capture(postgres, connect, kafka, table)
-    spec = {
-        "topic": source.topic,
-        "format": "debezium",
-        "keys": ["d", "ts", "tz", "a"],
-        "sequence_by": "source.lsn",
-        "schema": schema,
-    }
-    cfg = replica_config(tmp_path, kafka.bootstrap_servers, f"dbz_{table}", {table: spec})
+    cfg = replica_of(tmp_path, kafka, source, schema, keys=["d", "ts", "tz", "a"])
     later: list[Statement] = [(row, [*k, f"v{i}"]) for i, k in enumerate(keys[8:], start=8)]
     later += [(f"UPDATE {table} SET v = %s {where}", [f"changed {i}", *keys[i]]) for i in (0, 1, 9)]
     later += [(f"DELETE FROM {table} {where}", list(keys[i])) for i in (2, 10)]
