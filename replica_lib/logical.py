@@ -130,7 +130,7 @@ def converted(field: T.StructField, declared: Column) -> Column:
 
 
 def from_text(field: T.StructField, text: Column, fields: Column) -> Column:
-    """A Debezium row's value of column ``field`` from its JSON text: by the logical type the record's schema
+    """A Debezium row's or key's value of column ``field`` from its JSON text: by the logical type its schema
     (``fields``) gives it, else cast from the text; a TIMESTAMP or DATE column with no logical type refuses (null) a
     number and a string not of its form (:func:`malformed`)."""
     plain = text.try_cast(field.dataType)
