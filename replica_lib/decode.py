@@ -339,7 +339,7 @@ def _native_parse(data: T.StructType | None) -> tuple[tuple[Step, ...], Column]:
             | logical.malformed(f.dataType, F.try_variant_get(F.col("_strict"), _field_path("data", f.name), "string"))
         )
         for f in data.fields
-        if logical.is_timestamp(f.dataType) or isinstance(f.dataType, T.DateType)
+        if logical.is_date_or_time(f.dataType)
     ]
     coerced += [
         typed["data"][f.name].isNotNull()
@@ -383,7 +383,7 @@ def _plain_value(text: Column, typed: Column, data: T.StructType) -> Column:
     row = typed["data"]
     read = [typed[name] for name in sorted(_ENVELOPE_FIELDS - {"_corrupt"})] + [row[f.name] for f in data.fields]
     # A delete's ``"data": null`` (as the producer writes it) is the one null field that takes its colon.
-    null_data = F.when(row.isNull() & text.rlike('"data"' + _BLANK + ":" + _BLANK + "null"), 1).otherwise(0)
+    null_data = F.when(row.isNull() & text.rlike(_field_value("data") + "null"), 1).otherwise(0)
     fields = reduce(lambda a, b: a + b, [F.when(c.isNotNull(), 1).otherwise(0) for c in read], null_data)
     objects = F.when(row.isNotNull(), 2).otherwise(1)
     # A row's STRING value that may be a coerced one is one when the text gives it as a string; an envelope's is not.
@@ -393,9 +393,7 @@ def _plain_value(text: Column, typed: Column, data: T.StructType) -> Column:
         for f in data.fields
         if isinstance(f.dataType, T.StringType)
     ]
-    temporal = [
-        row[f.name] for f in data.fields if logical.is_timestamp(f.dataType) or isinstance(f.dataType, T.DateType)
-    ]
+    temporal = [row[f.name] for f in data.fields if logical.is_date_or_time(f.dataType)]
     # A DECIMAL column's value must be a number, or a string holding one as JSON writes it: Spark reads any string.
     strings += [
         row[f.name].isNull()
@@ -428,6 +426,11 @@ _BLANK = "[ \\t\\n\\r]*"
 _ENVELOPE_FIELDS = frozenset(column.split()[0] for column in NATIVE_ENVELOPE.split(", "))
 
 
+def _field_value(name: str) -> str:
+    """A regular expression of a field ``name`` and its colon, white space around it: what its value follows."""
+    return '"' + re.escape(name) + '"' + _BLANK + ":" + _BLANK
+
+
 def _given_as_string(text: Column, name: str) -> Column:
     """Whether the first value of a field ``name`` in ``text`` starts with a quote: a JSON string, not a number,
     boolean or object that a typed parse turns into text.
@@ -437,7 +440,7 @@ def _given_as_string(text: Column, name: str) -> Column:
     The spelling without white space is looked up first as plain text: a regular expression costs a scan of its own.
     """
     compact = text.contains(f'"{name}":"')
-    return compact | (F.regexp_extract(text, '"' + re.escape(name) + '"' + _BLANK + ":" + _BLANK + "(.)", 1) == '"')
+    return compact | (F.regexp_extract(text, _field_value(name) + "(.)", 1) == '"')
 
 
 _NUMBER_STARTS = ("-", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9")
@@ -455,15 +458,14 @@ def _given_as_number(text: Column, name: str) -> Column:
     after = F.substr(text, at + len(key), F.lit(2))
     first, second = F.substr(after, F.lit(1), F.lit(1)), F.substr(after, F.lit(2), F.lit(1))
     near = (at > 0) & (first.isin(*_NUMBER_STARTS) | ((first == " ") & second.isin(*_NUMBER_STARTS)))
-    spaced = F.regexp_extract(text, '"' + re.escape(name) + '"' + _BLANK + ":" + _BLANK + "(.)", 1)
+    spaced = F.regexp_extract(text, _field_value(name) + "(.)", 1)
     return F.coalesce(near | spaced.isin(*_NUMBER_STARTS), F.lit(False))
 
 
 def _number_string(text: Column, name: str) -> Column:
     """Whether a field ``name`` of ``text`` is a string holding a JSON number (``"12.50"``); exact in a plain value,
     whose only ``"name":`` is the field's own."""
-    pattern = '"' + re.escape(name) + '"' + _BLANK + ":" + _BLANK + '"' + logical.NUMBER_TEXT.strip("^$") + '"'
-    return F.coalesce(text.rlike(pattern), F.lit(False))
+    return F.coalesce(text.rlike(_field_value(name) + '"' + logical.NUMBER_TEXT.strip("^$") + '"'), F.lit(False))
 
 
 def _native_error(route_error: Column) -> Column:
@@ -986,7 +988,7 @@ def _bad_column(field: T.StructField, connect: Column | None) -> Column:
     in a TIMESTAMP or DATE column that no schema gives a unit, why."""
     kind = field.dataType.simpleString()
     plain = F.lit(f"{field.name} ({kind})")
-    if not (logical.is_timestamp(field.dataType) or isinstance(field.dataType, T.DateType)):
+    if not logical.is_date_or_time(field.dataType):
         return plain
     example = _TEMPORAL_EXAMPLES[type(field.dataType)]
     how = (

@@ -122,7 +122,7 @@ def malformed(data_type: T.DataType, text: Column) -> Column:
 def converted(field: T.StructField, declared: Column) -> Column:
     """A native row's value of column ``field`` as the typed parse read it (``declared``), except that a TIMESTAMP or
     DATE column refuses (null) a number, which the contract sends as a string, and a string not of its form."""
-    if is_timestamp(field.dataType) or isinstance(field.dataType, T.DateType):
+    if is_date_or_time(field.dataType):
         text = wire(field.name)
         refused = is_number(text) | malformed(field.dataType, text)
         return F.when(refused, F.lit(None).cast(field.dataType)).otherwise(declared)
@@ -134,7 +134,7 @@ def from_text(field: T.StructField, text: Column, fields: Column) -> Column:
     (``fields``) gives it, else cast from the text; a TIMESTAMP or DATE column with no logical type refuses (null) a
     number and a string not of its form (:func:`malformed`)."""
     plain = text.try_cast(field.dataType)
-    if is_timestamp(field.dataType) or isinstance(field.dataType, T.DateType):
+    if is_date_or_time(field.dataType):
         refused = is_number(text) | malformed(field.dataType, text)
         plain = F.when(refused, F.lit(None).cast(field.dataType)).otherwise(plain)
     schema = field_schema(field.name, fields)
