@@ -754,9 +754,10 @@ _ATOMIC = {
     "binary": "binary",
 }
 _DECIMALS = ("decimal", "dec", "numeric")
-_CHARS = {"char": "char", "character": "char", "varchar": "varchar"}
-_SUPPORTED = "BOOLEAN, TINYINT, SMALLINT, INT, BIGINT, FLOAT, DOUBLE, DECIMAL(p,s), STRING, CHAR(n), VARCHAR(n), "
-_SUPPORTED += "BINARY, DATE, TIMESTAMP, TIMESTAMP_NTZ, ARRAY<t>, MAP<k,v>, STRUCT<name: t, ...>"
+#: Spark's JSON reader takes no CHAR(n) or VARCHAR(n) (nor a Delta table's length check a record could fail).
+_CHARS = ("char", "character", "varchar")
+_SUPPORTED = "BOOLEAN, TINYINT, SMALLINT, INT, BIGINT, FLOAT, DOUBLE, DECIMAL(p,s), STRING, "
+_SUPPORTED += "BINARY, DATE, TIMESTAMP, TIMESTAMP_NTZ, ARRAY<t>, MAP<STRING,t>, STRUCT<name: t, ...>"
 _TOKEN = re.compile(
     r"\s*(?:(?P<quoted>`(?:[^`]|``)*`)|(?P<string>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")"
     r"|(?P<word>[A-Za-z0-9_]+)|(?P<punct>[<>(),:]))"
@@ -879,7 +880,13 @@ class _DdlParser:
             return {"type": "array", "elementType": element, "containsNull": True}
         if word == "map":
             self.expect("<", "'<' after MAP")
+            key_at = self.where()
             key = self.data_type()
+            if key != "string":
+                raise DdlError(
+                    f"MAP's key type {key_at} must be STRING: a MAP column holds a JSON object, whose names are "
+                    f"strings (MAP<STRING, ...>)"
+                )
             self.expect(",", "',' between MAP's key and value types")
             value = self.data_type()
             self.expect(">", "'>' closing MAP<")
@@ -904,12 +911,10 @@ class _DdlParser:
                 raise DdlError(f"DECIMAL({precision},{scale}): precision must be 1 to 38 and scale at most precision")
             return f"decimal({precision},{scale})"
         if word in _CHARS:
-            self.expect("(", f"a length: {word.upper()}(n)")
-            length = self.integer()
-            self.expect(")", f"')' closing {word.upper()}(")
-            if length < 1:
-                raise DdlError(f"{word.upper()}({length}): the length must be at least 1")
-            return f"{_CHARS[word]}({length})"
+            raise DdlError(
+                f"type {token[1]!r} (character {token[2] + 1}) is not supported: declare the column STRING (Spark's "
+                "JSON reader takes no CHAR or VARCHAR; the replica keeps each text as sent)"
+            )
         if word in _ATOMIC:
             return _ATOMIC[word]
         raise DdlError(f"type {token[1]!r} (character {token[2] + 1}) is not supported; use one of {_SUPPORTED}")
@@ -981,9 +986,7 @@ def _check_column_lists(r: _Reader, table: TableConfig, types: dict[str, object]
         if key in table.exclude_columns:
             raise r.fail(f"{where}.exclude_columns", f"{key} is a key column", "key columns are always kept; remove it")
         key_type = types[key]
-        if not isinstance(key_type, str) or (
-            key_type not in _KEY_TYPES and not key_type.startswith(("decimal(", "char(", "varchar("))
-        ):
+        if not isinstance(key_type, str) or (key_type not in _KEY_TYPES and not key_type.startswith("decimal(")):
             raise r.fail(
                 f"{where}.keys",
                 f"key column {key} has type {_type_text(key_type)}, which cannot key a row exactly",

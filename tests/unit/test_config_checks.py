@@ -50,7 +50,7 @@ SPARK_DDLS = [
     "a TINYINT, b SMALLINT, c INTEGER, d REAL, e DEC, f NUMERIC(5), g TIMESTAMP_LTZ",
     "`odd name` STRING, `back``tick` INT",
     "a ARRAY<STRUCT<x: INT, y STRING NOT NULL>>, m MAP<STRING, ARRAY<BIGINT>>, s STRUCT<>",
-    "a CHAR(3), b VARCHAR(10), c string",
+    "c string, `m`: MAP<STRING, STRUCT<k: MAP<string, int>>>",
 ]
 
 
@@ -71,12 +71,28 @@ def test_the_schema_reading_equals_sparks_own(spark: SparkSession, ddl: str) -> 
         ("a INT b STRING", "expected ',' or the end at 'b'"),
         ("a INTERVAL DAY", "type 'INTERVAL' (character 3) is not supported"),
         ("a INT; DROP", "unexpected ';' at character 6"),
+        ("a CHAR(3)", "type 'CHAR' (character 3) is not supported: declare the column STRING"),
+        ("a INT, b VARCHAR(10)", "type 'VARCHAR' (character 10) is not supported: declare the column STRING"),
+        ("m MAP<INT, STRING>", "MAP's key type at 'INT' (character 7) must be STRING"),
+        ("a ARRAY<MAP<DATE, INT>>", "MAP's key type at 'DATE' (character 13) must be STRING"),
     ],
 )
 def test_a_bad_schema_says_where(ddl: str, says: str) -> None:
     with pytest.raises(DdlError) as info:
         parse_schema(ddl)
     assert says in str(info.value)
+
+
+def test_a_schema_spark_cannot_read_from_json_is_refused_at_load() -> None:
+    """Spark's JSON reader refuses CHAR, VARCHAR and MAP keys other than STRING when the job plans its first batch:
+    the file is refused before, naming the field and the fix."""
+    for schema, says in (
+        ("order_id BIGINT, tags MAP<BIGINT, STRING>", "MAP<STRING, ...>"),
+        ("order_id BIGINT, code CHAR(2)", "declare the column STRING"),
+    ):
+        err = refused(doc_with(schema=schema))
+        assert err.key == "tables.orders.schema"
+        assert says in err.problem
 
 
 def test_a_schema_typo_names_the_table_and_field() -> None:
