@@ -341,6 +341,12 @@ def _native_parse(data: T.StructType | None) -> tuple[tuple[Step, ...], Column]:
         for f in data.fields
         if logical.is_date_or_time(f.dataType)
     ]
+    # Spark's reader does not check the values nested in an ARRAY, MAP or STRUCT column as the contract does.
+    coerced += [
+        _nested_mismatch(f.dataType, F.try_variant_get(F.col("_strict"), _field_path("data", f.name), "variant"))
+        for f in data.fields
+        if _nests(f.dataType)
+    ]
     coerced += [
         typed["data"][f.name].isNotNull()
         & _is_string(F.col("_strict"), _field_path("data", f.name))
@@ -759,10 +765,12 @@ def _typed_key_and_data(present: frozenset[str], schema: TableSchema) -> tuple[S
             or (schema.table.format == "debezium" and isinstance(f.dataType, T.StringType))  # a time of day
         ]
         + [
-            data_struct[f.name].isNotNull() & _is_string(F.col(ROW), f"$['{f.name}']")  # a native DECIMAL's string
+            # a native DECIMAL's string
+            data_struct[f.name].isNotNull() & _is_string(F.col(ROW), logical.member(f.name))
             for f in schema.data.fields
             if isinstance(f.dataType, T.DecimalType) and schema.table.format == "native"
-        ],
+        ]
+        + [_nested_mismatch(f.dataType, _member(F.col(ROW), f.name)) for f in schema.data.fields if _nests(f.dataType)],
         data_struct["_corrupt"].isNotNull(),
     )
     return (
@@ -821,18 +829,18 @@ def _key_checks(schema: TableSchema) -> list[tuple[Column, Column | str]]:
     key_mistyped = reduce(
         lambda a, b: a | b,
         [
-            _looks_coerced(key_struct[f.name]) & _not_string(key_strict, f"$['{f.name}']")
+            _looks_coerced(key_struct[f.name]) & _not_string(key_strict, logical.member(f.name))
             for f in schema.key_schema.fields
             if isinstance(f.dataType, T.StringType)
         ]
         + [  # a native date or time not of its column's form, which Spark's parser reads anyway (a number, too)
             key_struct[f.name].isNotNull()
-            & logical.malformed(f.dataType, F.get_json_object(F.col("_key_json"), f"$.{f.name}"))
+            & logical.malformed(f.dataType, F.get_json_object(F.col("_key_json"), logical.member(f.name)))
             for f in schema.key_schema.fields
             if logical.is_date_or_time(f.dataType) and schema.table.format == "native"
         ]
         + [  # a Debezium date or time that neither its logical type nor its form converts
-            key_struct[f.name].isNull() & F.get_json_object(F.col("_key_json"), f"$.{f.name}").isNotNull()
+            key_struct[f.name].isNull() & F.get_json_object(F.col("_key_json"), logical.member(f.name)).isNotNull()
             for f in _debezium_dated_keys(schema)
         ],
         key_struct["_corrupt"].isNotNull(),
@@ -1023,21 +1031,80 @@ def _mistyped(
 ) -> Column:
     """Whether the data's value for ``field`` does not have the column's type (Spark read it as null, turned a
     non-string into a STRING other than a time of day its schema gives a unit, overflowed a floating column to
-    infinity, or read into a native row's DECIMAL a string that is not a number as JSON writes it)."""
+    infinity, read into a native row's DECIMAL a string that is not a number as JSON writes it, or took a nested
+    value the contract refuses)."""
     value = data_struct[field.name]
-    present = F.get_json_object(F.col("_data_json"), f"$.{field.name}").isNotNull()
+    present = F.get_json_object(F.col("_data_json"), logical.member(field.name)).isNotNull()
     if isinstance(field.dataType, T.DecimalType) and data_format == "native":
         text = logical.wire(field.name)
-        as_string = value.isNotNull() & _is_string(data_strict, f"$['{field.name}']") & ~logical.is_number(text)
+        as_string = value.isNotNull() & _is_string(data_strict, logical.member(field.name)) & ~logical.is_number(text)
         return (present & value.isNull()) | as_string
     if isinstance(field.dataType, T.StringType):
-        coerced = _looks_coerced(value) & _not_string(data_strict, f"$['{field.name}']")
+        coerced = _looks_coerced(value) & _not_string(data_strict, logical.member(field.name))
         if connect is not None:
             coerced = coerced & ~logical.is_time(field.name, connect)
         return (present & value.isNull()) | coerced
     if _is_floating(field.dataType):
         return (present & value.isNull()) | _infinite(value)
+    if _nests(field.dataType):
+        return (present & value.isNull()) | _nested_mismatch(field.dataType, _member(data_strict, field.name))
     return present & value.isNull()
+
+
+#: The largest magnitude a JSON number may have to be read into a FLOAT: 2^128 - 2^103, from which Java's float
+#: parsing rounds to infinity.
+_FLOAT_LIMIT = 3.4028235677973366e38
+
+
+def _nested_mismatch(data_type: T.DataType, value: Column) -> Column:
+    """Whether ``value``, the JSON value (a variant) of a column of ``data_type`` or of a value nested in one, holds
+    a value the contract refuses at any depth; false where it is absent or null.
+
+    The contract's types hold inside ARRAY, MAP and STRUCT columns as at the top, but Spark's reader does not check
+    them there: it turns a number into a STRING, reads ``"20240506"`` into a DATE as the year 57386 and a time of
+    day into a TIMESTAMP of the day it runs, overflows a FLOAT to infinity. So each value is checked by the kind of
+    JSON value it is (:func:`pyspark.sql.functions.schema_of_variant`). Where the shape differs (an object for an
+    ARRAY), Spark's reader refuses the value itself.
+    """
+    kind = F.schema_of_variant(value)
+    number = (kind == "BIGINT") | (kind == "DOUBLE") | F.startswith(kind, F.lit("DECIMAL"))
+    text = F.try_variant_get(value, "$", "string")
+    bad: Column
+    if isinstance(data_type, T.ArrayType):
+        elements = F.try_variant_get(value, "$", "array<variant>")
+        bad = F.exists(elements, lambda element: _nested_mismatch(data_type.elementType, element))
+    elif isinstance(data_type, T.MapType):
+        entries = F.map_values(F.try_variant_get(value, "$", "map<string,variant>"))
+        bad = F.exists(entries, lambda entry: _nested_mismatch(data_type.valueType, entry))
+    elif isinstance(data_type, T.StructType):
+        fields = [_nested_mismatch(f.dataType, _member(value, f.name)) for f in data_type]
+        bad = reduce(lambda a, b: a | b, fields, F.lit(False))
+    elif isinstance(data_type, (T.StringType, T.BinaryType)):
+        bad = kind != "STRING"
+    elif isinstance(data_type, T.BooleanType):
+        bad = kind != "BOOLEAN"
+    elif isinstance(data_type, T.IntegralType):  # a JSON integer in the type's range (1.0 is a DECIMAL here)
+        bad = (kind != "BIGINT") | F.try_variant_get(value, "$", data_type.simpleString()).isNull()
+    elif isinstance(data_type, T.FloatType):
+        bad = ~number | (F.abs(F.try_variant_get(value, "$", "double")) >= _FLOAT_LIMIT)
+    elif isinstance(data_type, T.DoubleType):
+        bad = ~number | _infinite(F.try_variant_get(value, "$", "double"))
+    elif isinstance(data_type, T.DecimalType):
+        bad = ~number & ((kind != "STRING") | ~logical.is_number(text))
+    elif logical.is_date_or_time(data_type):
+        bad = (kind != "STRING") | logical.malformed(data_type, text)
+    else:
+        bad = F.lit(False)
+    return F.coalesce(~value.isNull() & (kind != "VOID") & bad, F.lit(False))
+
+
+def _member(value: Column, name: str) -> Column:
+    """The value of field ``name`` of a JSON object (a variant), or null."""
+    return F.try_variant_get(value, logical.member(name), "variant")
+
+
+def _nests(data_type: T.DataType) -> bool:
+    return isinstance(data_type, (T.ArrayType, T.MapType, T.StructType))
 
 
 def _with_corrupt(schema: T.StructType) -> T.StructType:

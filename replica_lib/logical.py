@@ -101,9 +101,15 @@ def is_timestamp(data_type: T.DataType) -> bool:
     return isinstance(data_type, (T.TimestampType, T.TimestampNTZType))
 
 
+def member(name: str) -> str:
+    """The JSON path of a top-level field ``name``, for ``get_json_object`` and variants alike: in brackets, so that
+    a name with a dot, a space or a bracket is one field (no column name holds a ``'``: replica_lib.config)."""
+    return f"$['{name}']"
+
+
 def wire(name: str) -> Column:
     """A row's value of column ``name`` as its JSON text (a string's content; null where absent or JSON null)."""
-    return F.get_json_object(F.col("_data_json"), f"$.{name}")
+    return F.get_json_object(F.col("_data_json"), member(name))
 
 
 def is_number(text: Column) -> Column:

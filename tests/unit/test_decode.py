@@ -1212,6 +1212,105 @@ def test_a_native_decimal_takes_numbers_and_strings_that_hold_one(spark: SparkSe
     assert {offset: got[offset]["amount"] for offset in got} == {o: want for o, (_, want) in enumerate(texts) if want}
 
 
+NESTED_SCHEMA = (
+    "id BIGINT, tags ARRAY<STRING>, days ARRAY<DATE>, at ARRAY<TIMESTAMP>, attrs MAP<STRING, STRING>, "
+    "prices MAP<STRING, DECIMAL(5,2)>, point STRUCT<x: DOUBLE, y: FLOAT, n: INT, ok: BOOLEAN>, "
+    "deep ARRAY<STRUCT<d: ARRAY<DATE>, m: MAP<STRING, STRING>>>"
+)
+#: Values nested in ARRAY, MAP and STRUCT columns, as JSON text, and each one's value as Spark writes it as a string
+#: (None: refused). Spark's reader takes every refused one but those marked.
+NESTED_TEXTS = [
+    ("tags", '["ok", null, "5", ""]', "[ok, null, 5, ]"),
+    ("tags", "[1, true]", None),  # Spark: ["1", "true"]
+    ("tags", '[{"a": 1}]', None),  # Spark: ['{"a":1}']
+    ("days", '["2024-05-06", null]', "[2024-05-06, null]"),
+    ("days", '["20240506"]', None),  # Spark: the year 57386
+    ("days", '["2024-05-06 junk"]', None),  # Spark: 2024-05-06
+    ("days", "[19000]", None),  # (Spark refuses it too)
+    ("at", '["2024-05-06T10:15:30.123456+02:00"]', "[2024-05-06 08:15:30.123456]"),
+    ("at", '["10:15:30"]', None),  # Spark: today at 10:15:30
+    ("at", "[1700000000]", None),  # Spark: seconds
+    ("attrs", '{"a": "1", "b": null}', "{a -> 1, b -> null}"),
+    ("attrs", '{"a": 1}', None),  # Spark: "1"
+    ("prices", '{"a": "12.5", "b": 7}', "{a -> 12.50, b -> 7.00}"),
+    ("prices", '{"a": "+5"}', None),  # Spark: 5.00
+    ("point", '{"x": 1, "y": -1.5, "n": 7, "ok": true, "extra": [1]}', "{1.0, -1.5, 7, true}"),
+    ("point", '{"y": 1e300}', None),  # Spark: infinity
+    ("point", '{"x": 1e400}', None),
+    ("point", '{"n": 1.0}', None),  # (Spark refuses it too)
+    ("point", '{"ok": "true"}', None),  # (Spark refuses it too)
+    ("deep", '[{"d": ["2024-05-06", null], "m": {"x": "y"}}, null]', "[{[2024-05-06, null], {x -> y}}, null]"),
+    ("deep", '[{"d": ["2024-05-06"]}, {"m": {"x": 5}}]', None),  # Spark: "5"
+    ("deep", '[{"d": ["2024"]}]', None),  # Spark: 2024-01-01
+]
+
+
+@pytest.mark.parametrize("layout", ["one table", "two tables"])
+def test_values_nested_in_arrays_maps_and_structs_take_the_contract_s_types(spark: SparkSession, layout: str) -> None:
+    """The contract's types hold at any depth: Spark's reader takes a number into a nested STRING, eight digits into
+    a nested DATE as a far-off year, a time of day into a nested TIMESTAMP as today; each such record is quarantined
+    with the column and its type, on the typed path of a one-table topic and the untyped path of two tables."""
+    nested = {"topic": "ev", "keys": ["id"], "schema": NESTED_SCHEMA}
+    cfg = replica({"nested": nested} if layout == "one table" else {"nested": nested, "other": nested})
+    table = "" if layout == "one table" else '"table": "nested", '
+
+    def value(column: str, text: str) -> bytes:
+        return ('{"seq": 1, "op": "upsert", ' + table + '"data": {"id": 1, "' + column + '": ' + text + "}}").encode()
+
+    rows = [record({"id": 1}, value(c, text), offset, "ev") for offset, (c, text, _) in enumerate(NESTED_TEXTS)]
+    changes_df = decode_table(spark, cfg, rows, "nested")
+    types = {f.name: f.dataType.simpleString() for f in table_schema(cfg.tables[0], "test.toml").data.fields}
+    assert errors(changes_df) == [
+        (offset, f"data does not match the table schema: {column} ({types[column]})")
+        for offset, (column, _, want) in enumerate(NESTED_TEXTS)
+        if want is None
+    ]
+    columns = [F.col(c).cast("string").alias(c) for c in types]
+    got = {r["_offset"]: r for r in decode.valid(changes_df).select("_offset", *columns).collect()}
+    assert {offset: got[offset][column] for offset, (column, _, want) in enumerate(NESTED_TEXTS) if want} == {
+        offset: want for offset, (_, _, want) in enumerate(NESTED_TEXTS) if want
+    }
+
+
+@pytest.mark.parametrize("layout", ["one table", "two tables"])
+def test_a_column_named_with_a_dot_or_a_bracket_is_checked_as_one_field(spark: SparkSession, layout: str) -> None:
+    """A JSON path ``$.a.b`` names a field b inside a: the checks look a column up by its whole name."""
+    odd = {"topic": "ev", "keys": ["id"], "schema": "id BIGINT, `a.b` DATE, `c[0]` DOUBLE, `d.e` DECIMAL(5,2)"}
+    cfg = replica({"odd": odd} if layout == "one table" else {"odd": odd, "other": odd})
+    table = {} if layout == "one table" else {"table": "odd"}
+    texts = [("a.b", "2024-05-06"), ("a.b", "20240506"), ("c[0]", 1.5), ("c[0]", "1.5"), ("d.e", "+5"), ("d.e", "5")]
+    rows = [
+        record({"id": 1}, {"op": "upsert", **table, "data": {"id": 1, column: value}}, offset, "ev")
+        for offset, (column, value) in enumerate(texts)
+    ]
+    changes_df = decode_table(spark, cfg, rows, "odd")
+    assert errors(changes_df) == [
+        (
+            1,
+            "data does not match the table schema: a.b (date, a number with no unit: send a string such as 2024-05-06)",
+        ),
+        (3, "data does not match the table schema: c[0] (double)"),
+        (4, "data does not match the table schema: d.e (decimal(5,2))"),
+    ]
+    got = decode.valid(changes_df).select("_offset", *[F.col(f"`{c}`").cast("string") for c in ("a.b", "c[0]", "d.e")])
+    assert sorted(tuple(r) for r in got.collect()) == [
+        (0, "2024-05-06", None, None),
+        (2, None, "1.5", None),
+        (5, None, None, "5.00"),
+    ]
+
+
+def test_values_nested_in_a_debezium_row_take_the_contract_s_types(spark: SparkSession) -> None:
+    cfg = replica({"events": {**EVENTS, "schema": "id BIGINT, tags ARRAY<STRING>"}})
+    rows = [
+        record({"id": 1}, dbz("c", None, {"id": 1, "tags": ["a", None]}), 0, "dbz"),
+        record({"id": 1}, dbz("c", None, {"id": 1, "tags": ["a", 5]}), 1, "dbz"),
+    ]
+    changes_df = decode_table(spark, cfg, rows, "events")
+    assert errors(changes_df) == [(1, "data does not match the table schema: tags (array<string>)")]
+    assert [r["tags"] for r in decode.valid(changes_df).collect()] == [["a", None]]
+
+
 def test_the_producer_s_python_values_decode_exactly(spark: SparkSession) -> None:
     """What ``replica_lib.producer`` writes for Python's ``Decimal``, ``date`` and ``datetime`` (``str`` of each) is
     of the contract's forms, so it decodes to the same values: the rules above must not refuse our own producer."""
