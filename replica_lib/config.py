@@ -762,6 +762,14 @@ _TOKEN = re.compile(
     r"\s*(?:(?P<quoted>`(?:[^`]|``)*`)|(?P<string>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")"
     r"|(?P<word>[A-Za-z0-9_]+)|(?P<punct>[<>(),:]))"
 )
+#: Characters a column or field name may not hold, and why: Delta (without column mapping) refuses the first ones
+#: in a table's schema, a JSON path (how the decode reads a field of a record) cannot spell a name with a ``'``, and
+#: the replica quotes names in SQL with backticks.
+_UNFIT_IN_NAMES = {
+    **dict.fromkeys(" ,;{}()\n\t=", "Delta refuses in a column name"),
+    "'": "a JSON path (how the replica reads a field of a record) cannot spell",
+    "`": "the replica's SQL cannot quote",
+}
 #: Key columns: types whose values compare exactly and come as plain JSON values (no NaN, no bytes, no nesting).
 _KEY_TYPES = {"boolean", "byte", "short", "integer", "long", "string", "date", "timestamp", "timestamp_ntz"}
 #: Sequence columns: read as a long (``decode.table_changes``), so integers only.
@@ -841,7 +849,14 @@ class _DdlParser:
         if token is None or token[0] not in ("word", "quoted"):
             raise DdlError(f"expected a column name {self.where()}")
         self.i += 1
-        return token[1][1:-1].replace("``", "`") if token[0] == "quoted" else token[1]
+        name = token[1][1:-1].replace("``", "`") if token[0] == "quoted" else token[1]
+        unfit = [c for c in _UNFIT_IN_NAMES if c in name]
+        if unfit:
+            raise DdlError(
+                f"the name {name!r} (character {token[2] + 1}) holds {' and '.join(map(repr, unfit))}, which "
+                f"{_UNFIT_IN_NAMES[unfit[0]]}: rename the field in the records and the schema"
+            )
+        return name
 
     def integer(self) -> int:
         token = self.peek()

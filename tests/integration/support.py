@@ -8,7 +8,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from replica_dev.conf import orders_table as orders_table  # re-exported for the tests
 from replica_dev.conf import replica_doc
@@ -61,16 +61,9 @@ def expected_df(spark: SparkSession, cfg: ReplicaConfig, table: str, events: Ite
     spec = cfg.table(table)
     schema = table_schema(spec, cfg.source_file)
     rows = fold(list(events), {table: spec.keys}, {table: spec.sequence_by is not None})[table]
-    target_schema = schema.replica_schema
-    columns = [f.name for f in target_schema.fields if f.name != "_src_event_ts"]
-    data = [tuple(row.get(c) for c in columns) for row in rows.values()]
-    frame = spark.createDataFrame(
-        data,
-        schema=", ".join(
-            f"{f.name} {f.dataType.simpleString()}" for f in target_schema.fields if f.name != "_src_event_ts"
-        ),
-    )
-    return frame.select(*[F.col(c) for c in columns])
+    fields = [f for f in schema.replica_schema.fields if f.name != "_src_event_ts"]
+    data = [tuple(row.get(f.name) for f in fields) for row in rows.values()]
+    return spark.createDataFrame(data, schema=T.StructType(fields))
 
 
 def produce(

@@ -48,7 +48,7 @@ SPARK_DDLS = [
     "a INT, b STRING NOT NULL, c DECIMAL(12, 2) COMMENT 'money', d DATE, e TIMESTAMP, f TIMESTAMP_NTZ",
     "a: byte, b: short, c: long, d: float, e: double, f: boolean, g: binary",
     "a TINYINT, b SMALLINT, c INTEGER, d REAL, e DEC, f NUMERIC(5), g TIMESTAMP_LTZ",
-    "`odd name` STRING, `back``tick` INT",
+    "`odd.name` STRING, `$x-y` INT, `é[0]` STRUCT<`a.b`: INT>",
     "a ARRAY<STRUCT<x: INT, y STRING NOT NULL>>, m MAP<STRING, ARRAY<BIGINT>>, s STRUCT<>",
     "c string, `m`: MAP<STRING, STRUCT<k: MAP<string, int>>>",
 ]
@@ -74,6 +74,11 @@ def test_the_schema_reading_equals_sparks_own(spark: SparkSession, ddl: str) -> 
         ("a CHAR(3)", "type 'CHAR' (character 3) is not supported: declare the column STRING"),
         ("a INT, b VARCHAR(10)", "type 'VARCHAR' (character 10) is not supported: declare the column STRING"),
         ("m MAP<INT, STRING>", "MAP's key type at 'INT' (character 7) must be STRING"),
+        ("a INT, `it's` STRING", 'the name "it\'s" (character 8) holds "\'", which a JSON path'),
+        ("s STRUCT<`o'k`: INT>", 'the name "o\'k" (character 10) holds "\'"'),
+        ("`a b` STRING", "the name 'a b' (character 1) holds ' ', which Delta refuses in a column name"),
+        ("s STRUCT<`x=1`: INT>", "the name 'x=1' (character 10) holds '=', which Delta refuses"),
+        ("`x``y` STRING", "the name 'x`y' (character 1) holds '`', which the replica's SQL cannot quote"),
         ("a ARRAY<MAP<DATE, INT>>", "MAP's key type at 'DATE' (character 13) must be STRING"),
     ],
 )
