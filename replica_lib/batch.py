@@ -30,7 +30,7 @@ from pyspark.util import inheritable_thread_target
 
 from replica_lib import decode, evolution, logical, quarantine
 from replica_lib.config import ReplicaConfig, TableConfig, Target
-from replica_lib.errors import ConcurrentCommitError, jvm_causes, jvm_condition
+from replica_lib.errors import ConcurrentCommitError, ReplicaError, jvm_causes, jvm_condition
 from replica_lib.layout import RANGE_TYPES, fold, pending_versions
 from replica_lib.merge import (
     BROADCAST_ROWS,
@@ -47,7 +47,15 @@ from replica_lib.merge import (
 )
 from replica_lib.monitor import GroupOffsets
 from replica_lib.ordering import current_versions, held, latest_per_key, one_per_key, unapplied
-from replica_lib.progress import Offsets, batch_end_offsets, checkpoint_generation, last_batch, offsets_json
+from replica_lib.progress import (
+    Offsets,
+    batch_end_offsets,
+    checkpoint_generation,
+    last_batch,
+    offsets_json,
+    path_exists,
+)
+from replica_lib.recovery import check_partitions
 from replica_lib.session import FOLD_POOL, replica_session
 from replica_lib.target import (
     Evolution,
@@ -218,6 +226,7 @@ class BatchHandler:
         #: The last batch this handler finished, or None.
         self.last_batch: int | None = None
         self._generation: str | None = None
+        self._offsets: Offsets | None = None  # the end offsets of the last batch this run finished
         self._filled: set[str] = set()  # tables known to hold data: they never need the emptiness check again
         self._streamed: TableSchema | None = None  # the schema the query decodes its records by (see stream)
         self._stale_warned = False
@@ -268,11 +277,24 @@ class BatchHandler:
         if self._generation is None:
             self._generation = checkpoint_generation(spark, self.cfg.checkpoint)
         try:
+            offsets = batch_end_offsets(spark, self.cfg.checkpoint, batch_id)
+            self._check_partitions(spark, batch_id, offsets)
             records = _Records(batch_df, self._streamed)
-            self._run(records, batch_id, batch_end_offsets(spark, self.cfg.checkpoint, batch_id))
-        except (Py4JJavaError, PySparkException) as exc:
+            self._run(records, batch_id, offsets)
+            self._offsets = offsets
+        except (Py4JJavaError, PySparkException, ReplicaError) as exc:
             self.failure = exc
             raise
+
+    def _check_partitions(self, spark: SparkSession, batch_id: int, offsets: Offsets) -> None:
+        """Refuse a batch whose topics gained partitions since the batch before (``recovery.check_partitions``);
+        that batch's offsets are read from the checkpoint for the first batch a run makes."""
+        if self._offsets is None and batch_id > 0:
+            previous = f"{self.cfg.checkpoint.rstrip('/')}/offsets/{batch_id - 1}"
+            if path_exists(spark, previous):
+                self._offsets = batch_end_offsets(spark, self.cfg.checkpoint, batch_id - 1)
+        if self._offsets is not None:
+            check_partitions(self.cfg, self._offsets, offsets, f"seen at batch {batch_id}")
 
     def apply(self, batch_df: DataFrame, batch_id: int, offsets: Offsets, generation: str) -> BatchStats:
         """Apply a static frame of records as batch ``batch_id`` of ``generation``, ending at ``offsets``.

@@ -63,6 +63,10 @@ class CheckpointError(ReplicaError):
     """A checkpoint cannot be used by this replica (it belongs to another replica, or is damaged)."""
 
 
+class PartitionsChangedError(ReplicaError):
+    """A topic gained partitions under a table ordered by log position, whose order then no longer holds."""
+
+
 class DataLossError(ReplicaError):
     """The log no longer holds records this replica has not applied yet; says what is missing and how to rebuild."""
 

@@ -21,14 +21,22 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
 from replica_lib.config import ReplicaConfig, TableConfig, Target
-from replica_lib.errors import CheckpointError, ConfigError, DataLossError, ReplicaError, jvm_causes, jvm_condition
+from replica_lib.errors import (
+    CheckpointError,
+    ConfigError,
+    DataLossError,
+    PartitionsChangedError,
+    ReplicaError,
+    jvm_causes,
+    jvm_condition,
+)
 from replica_lib.progress import (
     Offsets,
     applied_offsets,
@@ -354,6 +362,34 @@ def check_log_still_holds(applied: Offsets, log_start: Offsets, cfg: ReplicaConf
             f"them unread. The replica cannot be made exact by going on. Rebuild it: stop it, delete its tables and "
             f"its checkpoint ({cfg.checkpoint}) and run it again to replay the log from the start; the topic must "
             f"be compacted (cleanup.policy=compact) for the replay to hold every key"
+        )
+
+
+def check_partitions(cfg: ReplicaConfig, before: Offsets, now: Mapping[str, Iterable[int]], seen: str) -> None:
+    """Raise :class:`PartitionsChangedError` if a topic has partitions ``now`` that it had not ``before`` (offsets
+    the replica knew, some past a record), and a table of it is ordered by log position.
+
+    Kafka picks a key's partition by the partition count: once it grows, a key's new changes may land in another
+    partition than its old ones, and a version without a sequence, ``(partition, offset)``, then ranks them by
+    partition number instead of by time: a key's later change can lose to its earlier one. A partition added
+    before any record was written moves no key.
+    """
+    for topic, partitions in sorted(now.items()):
+        known = before.get(topic, {})
+        added = sorted(set(partitions) - set(known))
+        if not added or not any(offset > 0 for offset in known.values()):
+            continue
+        tables = [t.name for t in cfg.tables if t.topic == topic and t.sequence_by is None]
+        if not tables:
+            continue
+        raise PartitionsChangedError(
+            f"replica {cfg.name}: topic {topic} has gained partitions {', '.join(map(str, added))} (from "
+            f"{len(known)} to {len(known) + len(added)}, {seen}): Kafka now sends some keys to another partition "
+            f"than their earlier changes, and {', '.join(tables)} {'is' if len(tables) == 1 else 'are'} ordered by "
+            f"log position (no sequence_by in {cfg.source_file}), which orders a key's changes within one partition "
+            "only; going on could apply them out of order, so the replica stopped. Set sequence_by to a version the "
+            "primary writes with every change, then rebuild beside the live replica and swap it in "
+            f"(./replica rebuild {cfg.source_file} --into <folder> --swap)"
         )
 
 

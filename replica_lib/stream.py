@@ -15,12 +15,13 @@ from pyspark.sql.streaming.query import StreamingQuery
 from replica_lib.batch import BatchHandler, BatchHooks
 from replica_lib.catalog import register_on_start
 from replica_lib.config import ReplicaConfig
-from replica_lib.errors import TopicError
+from replica_lib.errors import ReplicaError, TopicError
 from replica_lib.metrics import BatchMetrics
 from replica_lib.recovery import (
     applied_so_far,
     check_checkpoint,
     check_log_still_holds,
+    check_partitions,
     checkpoint_is_local,
     claim_checkpoint,
     explain,
@@ -90,7 +91,7 @@ def _start(
     check_reachable(cfg)
     schemas = ensure_replica_tables(session, cfg)
     claim_checkpoint(session, cfg)
-    _check_no_data_loss(session, cfg)
+    _check_the_log(session, cfg)
     if register:
         register_on_start(session, cfg)  # its catalog names (replica_lib.catalog); never fails the start
     metrics = BatchMetrics(session, cfg)
@@ -121,7 +122,9 @@ def _start(
     return query, handler, metrics
 
 
-def _check_no_data_loss(spark: SparkSession, cfg: ReplicaConfig) -> None:
+def _check_the_log(spark: SparkSession, cfg: ReplicaConfig) -> None:
+    """Before the start: the log still holds what the replica has not applied, and its topics kept their
+    partition count where a table needs it (``recovery``). Skipped where the Python client cannot connect."""
     applied = applied_so_far(spark, cfg)
     if not applied:
         return
@@ -136,6 +139,7 @@ def _check_no_data_loss(spark: SparkSession, cfg: ReplicaConfig) -> None:
         logger.warning("replica %s: could not check the log's start offsets (%s); Spark will check", cfg.name, exc)
         return
     check_log_still_holds(applied, log_start, cfg)
+    check_partitions(cfg, applied, log_start, "seen when the replica started")
 
 
 def run_replica(
@@ -167,6 +171,8 @@ def run_replica(
         if handler.refused is not None:  # the handler refused a batch because a stop was requested
             logger.info("replica %s stopped", cfg.name)
             return
+        if isinstance(handler.failure, ReplicaError):  # a batch refused to go on, and said why
+            raise handler.failure from exc
         explained = explain(exc, cfg, handler.failure)
         if explained is not None:
             raise explained from exc

@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 
 from replica_lib.batch import BatchHooks, BatchStats
 from replica_lib.config import ReplicaConfig, Target
-from replica_lib.errors import CheckpointError, ConfigError, DataLossError
+from replica_lib.errors import CheckpointError, ConfigError, DataLossError, PartitionsChangedError
 from replica_lib.stream import start_replica
 from replica_lib.target import read_table, tombstone_target
 from replica_lib.topics import TopicAdmin, TopicSpec
@@ -122,6 +122,68 @@ def test_records_lost_while_the_replica_runs_stop_it_with_the_fix(
     message = str(caught.value)
     assert "\n" not in message
     assert "Kafka no longer holds offsets" in message and cfg.checkpoint in message
+
+
+def log_ordered(topic: str) -> dict[str, Any]:
+    """The orders table of ``topic`` without a sequence: ordered by log position."""
+    return {k: v for k, v in orders_table(topic).items() if k != "sequence_by"}
+
+
+def add_partitions(connection: dict[str, str], topic: str, total: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    admin = AdminClient(connection)  # held until the futures resolve: a client destroyed first fails them
+    for future in admin.create_partitions([NewPartitions(topic, total)]).values():
+        future.result()
+
+
+def test_partitions_added_while_a_replica_runs_stop_a_table_ordered_by_log_position(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    """Kafka moves keys to other partitions when a topic gains some: the batch that first sees them is refused
+    before it writes, and the table keeps the state of the batches before."""
+    from replica_lib.config import TriggerConfig
+    from replica_lib.stream import run_replica
+
+    topic = topic_factory(partitions=2)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "grown", {"orders": log_ordered(topic)})
+    cfg = dataclasses.replace(cfg, trigger=TriggerConfig(available_now=False, interval="0 seconds"))
+    before = produce(connection, topic, [upsert(k, None, "a") for k in range(6)])
+
+    def grow(point: str, batch_id: int) -> None:
+        if point == "after_commit" and batch_id == 0:
+            add_partitions(connection, topic, 4)
+            produce(connection, topic, [upsert(k, None, "b") for k in range(6)])
+        elif point == "after_commit":  # (the replica would run on)
+            raise AssertionError(f"batch {batch_id} was applied")
+
+    with pytest.raises(PartitionsChangedError) as caught:
+        run_replica(spark, cfg, available_now=False, hooks=BatchHooks(at=grow))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"topic {topic} has gained partitions 2, 3 (from 2 to 4, seen at batch 1)" in message
+    assert "orders is ordered by log position" in message and "sequence_by" in message and "--swap" in message
+    assert_matches_model(spark, cfg, before)
+
+
+def test_partitions_added_while_a_replica_is_down_are_refused_at_start_unless_the_table_has_a_sequence(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(partitions=2)
+    bootstrap = connection["bootstrap.servers"]
+    by_log = replica_config(tmp_path, bootstrap, "by_log", {"orders": log_ordered(topic)})
+    by_seq = replica_config(tmp_path, bootstrap, "by_seq", {"orders": orders_table(topic)})
+    log = produce(connection, topic, [upsert(k, 1, "a") for k in range(6)])
+    for cfg in (by_log, by_seq):
+        run_available_now(spark, cfg)
+    add_partitions(connection, topic, 3)
+    log += produce(connection, topic, [upsert(k, 2, "b") for k in range(6)])
+
+    with pytest.raises(PartitionsChangedError) as caught:
+        start_replica(spark, by_log, available_now=True)
+    assert f"topic {topic} has gained partitions 2 (from 2 to 3, seen when the replica started)" in str(caught.value)
+    run_available_now(spark, by_seq)  # a key's changes are ordered by their seq, whatever their partition
+    assert_matches_model(spark, by_seq, log)
 
 
 def assert_matches_model(spark: SparkSession, cfg: ReplicaConfig, log: list[Any]) -> None:
