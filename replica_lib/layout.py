@@ -51,6 +51,7 @@ from replica_lib.target import (
     partition_columns,
     read_table,
     size_bytes,
+    sql_type,
     tombstone_target,
     version_columns,
 )
@@ -66,17 +67,6 @@ RANGE_TYPES = (T.NumericType, T.StringType, T.DateType, T.TimestampType)
 
 def _quote(name: str) -> str:
     return f"`{name}`"
-
-
-def _sql_type(data_type: T.DataType) -> str:
-    """``data_type`` as SQL text, a struct's field names quoted (``simpleString`` leaves them bare: ``a-b``)."""
-    if isinstance(data_type, T.ArrayType):
-        return f"ARRAY<{_sql_type(data_type.elementType)}>"
-    if isinstance(data_type, T.MapType):
-        return f"MAP<{_sql_type(data_type.keyType)}, {_sql_type(data_type.valueType)}>"
-    if isinstance(data_type, T.StructType):
-        return "STRUCT<" + ", ".join(f"{_quote(f.name)}: {_sql_type(f.dataType)}" for f in data_type) + ">"
-    return data_type.simpleString()
 
 
 def state_sql(schema: TableSchema, base: str, changes: str, tombstones: str, whole: bool = False) -> str:
@@ -110,7 +100,7 @@ def state_sql(schema: TableSchema, base: str, changes: str, tombstones: str, who
     as_delete = ", ".join(
         _quote(f.name)
         if f.name in keys or f.name in PROVENANCE_COLUMNS
-        else f"CAST(NULL AS {_sql_type(f.dataType)}) AS {_quote(f.name)}"
+        else f"CAST(NULL AS {sql_type(f.dataType)}) AS {_quote(f.name)}"
         for f in schema.replica_schema.fields
     )
     base_rows = f"SELECT {cols}, 'upsert' AS _op FROM {base} b" + ("" if whole else f" WHERE {pending('b')}")

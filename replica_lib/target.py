@@ -288,6 +288,17 @@ def _delta_log(spark: SparkSession, target: Target) -> Any:
     return delta_table(spark, target)._jdt.deltaLog()
 
 
+def sql_type(data_type: T.DataType) -> str:
+    """``data_type`` as SQL text, a struct's field names quoted (``simpleString`` leaves them bare: ``a-b``)."""
+    if isinstance(data_type, T.ArrayType):
+        return f"ARRAY<{sql_type(data_type.elementType)}>"
+    if isinstance(data_type, T.MapType):
+        return f"MAP<{sql_type(data_type.keyType)}, {sql_type(data_type.valueType)}>"
+    if isinstance(data_type, T.StructType):
+        return "STRUCT<" + ", ".join(f"`{f.name}`: {sql_type(f.dataType)}" for f in data_type) + ">"
+    return data_type.simpleString()
+
+
 def ensure_table(
     spark: SparkSession,
     target: Target,
@@ -315,7 +326,7 @@ def ensure_table(
         want = [(f.name, f.dataType.simpleString()) for f in schema.fields]
         if grows and have != want and have == want[: len(have)]:
             for f in schema.fields[len(have) :]:
-                spark.sql(f"ALTER TABLE {target.describe()} ADD COLUMNS (`{f.name}` {f.dataType.simpleString()})")
+                spark.sql(f"ALTER TABLE {target.describe()} ADD COLUMNS (`{f.name}` {sql_type(f.dataType)})")
             logger.info("%s: added columns %s", target.describe(), ", ".join(n for n, _ in want[len(have) :]))
             have = want
         if have != want:
@@ -586,11 +597,11 @@ def _align(
         old = have.get(f.name)
         if old is None:
             position = f" AFTER `{last}`" if last else " FIRST"
-            spark.sql(f"ALTER TABLE {name} ADD COLUMNS (`{f.name}` {f.dataType.simpleString()}{position})")
+            spark.sql(f"ALTER TABLE {name} ADD COLUMNS (`{f.name}` {sql_type(f.dataType)}{position})")
             _log_evolution(spark, target, replica, f"added column {f.name} {f.dataType.simpleString().upper()}", why)
         elif old.dataType != f.dataType:
             spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('{_TYPE_WIDENING}' = 'true')")
-            spark.sql(f"ALTER TABLE {name} ALTER COLUMN `{f.name}` TYPE {f.dataType.simpleString()}")
+            spark.sql(f"ALTER TABLE {name} ALTER COLUMN `{f.name}` TYPE {sql_type(f.dataType)}")
             what = f"widened column {f.name} to {f.dataType.simpleString().upper()}"
             _log_evolution(spark, target, replica, what, why)
         last = f.name

@@ -232,12 +232,25 @@ def test_columns_named_with_dots_dashes_and_other_letters_equal_the_model(
     changes += [row(4, 1), Change(key={"id": 4}, op="delete", tombstone=True), row(1, 4), row(2, 3)]
     log = produce(connection, topic, changes, table="odd")
     run_available_now(spark, cfg)
-    # Compared as rows (chispa sorts by the columns' names unquoted, which Spark reads as a struct's fields).
+    assert_same_rows(spark, cfg, log)
+    # A column the config adds (ALTER TABLE … ADD COLUMNS spells its type in SQL too).
+    grown = {**table, **folds, "schema": ODD_NAMES_SCHEMA + ", `n-1` STRUCT<`x-y`: INT>"}
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "odd", {"odd": grown}, max_offsets_per_trigger=3)
+    extra = {"id": 3, "a.b": "w", "c-d": 0.5, "$x": 9, "é": None, "n-1": {"x-y": 7}}
+    log += produce(connection, topic, [Change(key={"id": 3}, op="upsert", data=extra, seq=5)], table="odd")
+    run_available_now(spark, cfg)
+    assert_same_rows(spark, cfg, log)
+    assert {r["id"] for r in expected_df(spark, cfg, "odd", log).collect()} == {1, 2, 3}  # 2 upserted after its
+    # delete (seq 3 after 2); 4 tombstoned
+
+
+def assert_same_rows(spark: SparkSession, cfg: ReplicaConfig, log: list[LoggedChange]) -> None:
+    """The table equals the model, compared as rows (chispa sorts by the columns' names unquoted, which Spark reads
+    as a struct's fields)."""
     actual, expected = (
         sorted(df.collect(), key=repr) for df in (replica_df(spark, cfg, "odd"), expected_df(spark, cfg, "odd", log))
     )
     assert actual == expected
-    assert {r["id"] for r in expected} == {1, 2, 3}  # 2 upserted at seq 3 after its delete at seq 2; 4 tombstoned
 
 
 def test_a_change_log_made_before_its_partitions_is_retired_under_the_lock(
