@@ -199,6 +199,7 @@ def check_checkpoint(spark: SparkSession, cfg: ReplicaConfig) -> None:
     committed = last_committed_offsets(spark, cfg.checkpoint)
     if owner is None or committed is None:
         return  # nothing applied yet (or a new checkpoint): any table will do, missing ones are created
+    _check_sequences(cfg, owner.get("sequence_by", {}))
     recorded: dict[str, str] = owner.get("table_ids", {})
     applied = json.dumps(offsets_json(committed))
     for table in cfg.tables:
@@ -266,6 +267,32 @@ def _check_keys(spark: SparkSession, cfg: ReplicaConfig) -> None:
             )
 
 
+def _check_sequences(cfg: ReplicaConfig, recorded: dict[str, str | None]) -> None:
+    """Refuse a change of a table's ``sequence_by`` other than from none to one (recorded: what the checkpoint's
+    batches ordered each table by).
+
+    The table's rows keep the versions the old sequence gave them, and a change must be newer than its key's row to
+    be applied: the log position (no sequence) ranks below any sequence, and another column's values have another
+    scale, so the changes that follow would be left out as older, silently. From none to a sequence is safe: any
+    sequence ranks above none.
+    """
+    for table in cfg.tables:
+        if table.name not in recorded:
+            continue  # a new table, or a checkpoint that did not record them yet
+        old, new = recorded[table.name], table.sequence_by
+        if old is None or old == new:
+            continue
+        by = "the log position" if new is None else f"{new}"
+        raise ConfigError(
+            cfg.source_file,
+            f"tables.{table.name}.sequence_by",
+            f"changed from {old!r} to {new!r} since the replica built {table.target.describe()}: its rows carry "
+            f"versions of {old}, which {by} cannot be compared with, so later changes would be left out as older",
+            f"restore sequence_by = {json.dumps(old)}; or rebuild the replica with the new one (its new checkpoint "
+            f"orders every change by it): ./replica rebuild {cfg.source_file} --into <folder> --swap",
+        )
+
+
 def _check_pending(spark: SparkSession, cfg: ReplicaConfig) -> None:
     """Refuse a copy-on-write table whose change log (from when it was merge-on-read) still holds changes."""
     for table in cfg.tables:
@@ -309,6 +336,7 @@ def claim_checkpoint(spark: SparkSession, cfg: ReplicaConfig) -> None:
         "topics": list(cfg.topics),
         "tables": tables or sorted(t.name for t in cfg.tables),
         "table_ids": recorded,
+        "sequence_by": {t.name: t.sequence_by for t in cfg.tables},
     }
     if ours != owner:  # written only when it changes: a kill while writing it can cut it short
         write_text(spark, _owner_path(cfg), json.dumps(ours) + "\n")

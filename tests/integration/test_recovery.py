@@ -301,6 +301,33 @@ def test_changed_keys_are_refused_as_a_key_change(
     assert "keys changed from ['order_id'] to ['customer']" in str(caught.value)
 
 
+def test_a_changed_sequence_is_refused_unless_the_table_had_none(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    """A table's rows keep the versions its sequence gave them: ordered by another (or by none), every later change
+    would rank below them. From none to a sequence, later changes rank above the rows, as they should."""
+    topic = topic_factory(partitions=1)
+    bootstrap = connection["bootstrap.servers"]
+
+    def replica(name: str, **table: Any) -> ReplicaConfig:
+        spec = {k: v for k, v in orders_table(topic, **table).items() if v is not None}
+        return replica_config(tmp_path, bootstrap, name, {"orders": spec})
+
+    log = produce(connection, topic, [upsert(1, 5, "a"), upsert(2, 5, "b")])
+    for name in ("by_seq", "by_log"):
+        run_available_now(spark, replica(name, sequence_by="seq" if name == "by_seq" else None))
+    log += produce(connection, topic, [upsert(1, 6, "c"), delete(2, 7)])
+    for sequence_by, by in ((None, "the log position"), ("updated_ms", "updated_ms")):
+        with pytest.raises(ConfigError) as caught:
+            start_replica(spark, replica("by_seq", sequence_by=sequence_by), available_now=True)
+        assert caught.value.key == "tables.orders.sequence_by"
+        assert f"changed from 'seq' to {sequence_by!r} since the replica built" in caught.value.problem
+        assert f"versions of seq, which {by} cannot be compared with" in caught.value.problem
+    cfg = replica("by_log", sequence_by="seq")
+    run_available_now(spark, cfg)
+    assert_matches_model(spark, cfg, log)
+
+
 def test_a_table_whose_creation_was_killed_before_its_first_commit_is_created_again(
     spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
 ) -> None:
