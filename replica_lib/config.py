@@ -313,9 +313,25 @@ def _translate_stores(given: Mapping[str, str], conf: dict[str, str]) -> str | N
     return None
 
 
+#: Consumer options the replica decides itself, and the fix for each: Spark's Kafka source refuses the first ones
+#: when the query starts (after the tables were created), and the replica reads committed records only.
+_OWN_OPTIONS = {
+    "auto.offset.reset": "remove it: where a replica starts is source.starting_offsets, then its checkpoint",
+    "enable.auto.commit": "remove it: the replica's checkpoint and its Delta commits hold its offsets",
+    "key.deserializer": "remove it: the replica decodes the bytes itself",
+    "value.deserializer": "remove it: the replica decodes the bytes itself",
+    "interceptor.classes": "remove it: Spark's Kafka source takes no interceptors",
+    "isolation.level": "remove it: the replica reads committed records only (an aborted transaction is never applied)",
+}
+
+
 def _check_kafka_options(r: _Reader, kafka: KafkaConfig) -> None:
-    """A JAAS login Kafka's client would refuse is an error at load time, not a failure of the running query."""
+    """An option the replica sets itself, or a JAAS login Kafka's client would refuse, is an error at load time,
+    not a failure of the running query."""
     given = dict(kafka.options)
+    for option, fix in _OWN_OPTIONS.items():
+        if option in given and not (option == "isolation.level" and given[option] == "read_committed"):
+            raise r.fail(f"kafka.options.{option}", "is set by the replica itself", fix)
     key = "kafka.options.sasl.jaas.config"
     example = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="..." password="${VAR}";'
     if "sasl.jaas.config" not in given:

@@ -185,6 +185,29 @@ def test_jaas_that_does_not_parse_is_one_line_naming_file_and_key_never_the_pass
     assert "\n" not in str(err)
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("auto.offset.reset", "latest", "source.starting_offsets"),
+        ("enable.auto.commit", "true", "checkpoint"),
+        ("key.deserializer", "x", "decodes the bytes itself"),
+        ("value.deserializer", "x", "decodes the bytes itself"),
+        ("interceptor.classes", "x", "no interceptors"),
+        ("isolation.level", "read_uncommitted", "committed records only"),
+    ],
+)
+def test_an_option_the_replica_sets_itself_is_refused_at_load(option: str, value: str, says: str) -> None:
+    err = load_error({option: value})
+    assert (err.key, err.problem) == (f"kafka.options.{option}", "is set by the replica itself")
+    assert says in err.fix
+
+
+def test_read_committed_may_be_said_again() -> None:
+    assert (
+        load({"isolation.level": "read_committed"}).kafka.spark_options()["kafka.isolation.level"] == "read_committed"
+    )
+
+
 def test_a_password_login_without_a_password_or_a_mechanism_is_an_error() -> None:
     err = load_error({"sasl.mechanism": "PLAIN", "sasl.jaas.config": PLAIN_JAAS.replace(' password="${PW}"', "")})
     assert err.key == "kafka.options.sasl.jaas.config"
