@@ -995,8 +995,33 @@ def _check_schema(r: _Reader, table: TableConfig) -> None:
                 f"{where}.schema", f"column {column.name} is declared twice (names ignore case)", "rename or drop one"
             )
         seen[column.name.lower()] = column.name
+        inner = _not_null_inside(column.type)
+        if inner is not None:
+            raise r.fail(
+                f"{where}.schema",
+                f"column {column.name} has a field {inner} declared NOT NULL inside it, which Spark's JSON reader "
+                "cannot produce",
+                "drop NOT NULL inside ARRAY, MAP and STRUCT (a top-level column may have it)",
+            )
     _check_column_lists(r, table, types)
     _check_sequence(r, table, types)
+
+
+def _not_null_inside(spark_type: Any) -> str | None:
+    """The name of a STRUCT field declared NOT NULL anywhere inside a column's type (Spark's JSON form), or None."""
+    if isinstance(spark_type, str):
+        return None
+    if spark_type["type"] == "array":
+        return _not_null_inside(spark_type["elementType"])
+    if spark_type["type"] == "map":
+        return _not_null_inside(spark_type["valueType"])
+    for member in spark_type["fields"]:
+        if not member["nullable"]:
+            return str(member["name"])
+        inner = _not_null_inside(member["type"])
+        if inner is not None:
+            return inner
+    return None
 
 
 def _check_column_lists(r: _Reader, table: TableConfig, types: dict[str, object]) -> None:

@@ -886,6 +886,11 @@ def _data_checks(schema: TableSchema) -> list[tuple[Column, Column | str]]:
                 ),
             )
         )
+    # A kept column declared NOT NULL: the replica table refuses a null there (the batch would fail on it).
+    required = [f.name for f in schema.kept.fields if not f.nullable and f.name not in schema.table.keys]
+    nulls = F.concat_ws(", ", *[F.when(data_struct[name].isNull(), F.lit(name)) for name in required])
+    if required:
+        unsent.append((is_upsert & (nulls != ""), F.concat(F.lit("data has no value for NOT NULL column "), nulls)))
     return [
         *unsent,
         (F.col("_bad") != "", F.concat(F.lit("data does not match the table schema: "), F.col("_bad"))),

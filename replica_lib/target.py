@@ -116,7 +116,12 @@ class TableSchema:
 
     @property
     def changes_schema(self) -> T.StructType:
-        return T.StructType(list(self.replica_schema.fields) + list(CHANGE_EXTRA.fields))
+        """A change log's columns: a delete's row holds its key alone, so only key columns keep a NOT NULL."""
+        fields = [
+            f if f.name in self.table.keys else T.StructField(f.name, f.dataType, True, f.metadata)
+            for f in self.replica_schema.fields
+        ]
+        return T.StructType(fields + list(CHANGE_EXTRA.fields))
 
     @property
     def tombstone_schema(self) -> T.StructType:

@@ -244,6 +244,32 @@ def test_columns_named_with_dots_dashes_and_other_letters_equal_the_model(
     # delete (seq 3 after 2); 4 tombstoned
 
 
+@pytest.mark.parametrize("layout", [COPY_ON_WRITE, MERGE_ON_READ])
+def test_a_not_null_column_quarantines_a_row_without_its_value_and_takes_deletes(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path, layout: str
+) -> None:
+    """The table refuses a null in a NOT NULL column (Delta would fail the batch on it, at every restart): such an
+    upsert is quarantined; a delete, which carries the key alone, is applied (a change log holds it as a row)."""
+    topic = topic_factory(partitions=1)
+    schema = "order_id BIGINT, customer STRING NOT NULL, amount DOUBLE, status STRING, updated_ms BIGINT NOT NULL"
+    folds = {"fold_every_batches": 1} if layout == MERGE_ON_READ else {}
+    table = orders_table(topic, schema=schema, layout=layout, **folds)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "required", {"orders": table})
+    good = [upsert(1, 1, "a"), upsert(2, 1, "b"), delete(1, 2), upsert(3, 1, "c")]
+    log = produce(connection, topic, good)
+    no_customer = Change(key={"order_id": 4}, op="upsert", data={"order_id": 4, "updated_ms": 1}, seq=1)
+    nothing = Change(key={"order_id": 3}, op="upsert", data={"order_id": 3, "customer": None}, seq=2)
+    refused = produce(connection, topic, [no_customer, nothing])
+    log += produce(connection, topic, [upsert(2, 3, "d")])
+    run_available_now(spark, cfg)
+    assert_df_equality(replica_df(spark, cfg, "orders"), expected_df(spark, cfg, "orders", log), ignore_row_order=True)
+    quarantined = read_table(spark, cfg.quarantine).select("offset", "reason").collect()
+    assert sorted((r["offset"], r["reason"]) for r in quarantined) == [
+        (refused[0].position.offset, "data has no value for NOT NULL column customer"),
+        (refused[1].position.offset, "data has no value for NOT NULL column customer, updated_ms"),
+    ]
+
+
 def assert_same_rows(spark: SparkSession, cfg: ReplicaConfig, log: list[LoggedChange]) -> None:
     """The table equals the model, compared as rows (chispa sorts by the columns' names unquoted, which Spark reads
     as a struct's fields)."""

@@ -111,6 +111,11 @@ def test_a_schema_typo_names_the_table_and_field() -> None:
     [
         ({"schema": "order_id BIGINT, _src_offset BIGINT"}, "tables.orders.schema", "reserved _src_ prefix"),
         ({"schema": "order_id BIGINT, Status STRING, status STRING"}, "tables.orders.schema", "declared twice"),
+        (
+            {"schema": "order_id BIGINT, a ARRAY<STRUCT<s: STRUCT<x: INT NOT NULL>>>"},
+            "tables.orders.schema",
+            "column a has a field x declared NOT NULL inside it",
+        ),
         ({"keys": ["id"]}, "tables.orders.keys", "id is not a column of the schema"),
         ({"keys": ["order_id", "order_id"]}, "tables.orders.keys", "lists a column twice"),
         ({"keys": ["amount"]}, "tables.orders.keys", "key column amount has type double"),

@@ -1300,6 +1300,28 @@ def test_a_column_named_with_a_dot_or_a_bracket_is_checked_as_one_field(spark: S
     ]
 
 
+@pytest.mark.parametrize("layout", ["one table", "two tables"])
+def test_an_upsert_without_a_value_for_a_not_null_column_is_refused(spark: SparkSession, layout: str) -> None:
+    """A column kept NOT NULL must have a value in every upsert (the table would refuse the batch); one the table
+    leaves out is not asked for, and a delete carries no row."""
+    schema = "id BIGINT, a STRING NOT NULL, b BIGINT NOT NULL, c STRING NOT NULL"
+    spec = {"topic": "ev", "keys": ["id"], "schema": schema, "exclude_columns": ["c"]}
+    cfg = replica({"t": spec} if layout == "one table" else {"t": spec, "other": spec})
+    table = {} if layout == "one table" else {"table": "t"}
+    rows = [
+        record({"id": 1}, {"op": "upsert", **table, "data": {"id": 1, "a": "x", "b": 2}}, 0, "ev"),
+        record({"id": 1}, {"op": "upsert", **table, "data": {"id": 1, "a": None, "b": 2, "c": "z"}}, 1, "ev"),
+        record({"id": 1}, {"op": "upsert", **table, "data": {"id": 1}}, 2, "ev"),
+        record({"id": 1}, {"op": "delete", **table}, 3, "ev"),
+    ]
+    changes_df = decode_table(spark, cfg, rows, "t")
+    assert errors(changes_df) == [
+        (1, "data has no value for NOT NULL column a"),
+        (2, "data has no value for NOT NULL column a, b"),
+    ]
+    assert offsets(decode.valid(changes_df)) == [0, 3]
+
+
 def test_values_nested_in_a_debezium_row_take_the_contract_s_types(spark: SparkSession) -> None:
     cfg = replica({"events": {**EVENTS, "schema": "id BIGINT, tags ARRAY<STRING>"}})
     rows = [
