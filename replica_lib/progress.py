@@ -182,9 +182,15 @@ def newest_commit(spark: SparkSession, target: Target, replica: str) -> ReplicaC
     return next(_replica_commits(spark, target, replica), None)
 
 
-def _replica_commits(spark: SparkSession, target: Target, replica: str) -> Iterator[ReplicaCommit]:
-    """``replica``'s commits to a table, newest first. The recent history is read first, as the commit a caller
-    looks for is almost always among the last few; the whole history only if it is not."""
+def last_writer(spark: SparkSession, target: Target) -> str | None:
+    """The replica that made a table's newest replica commit (one with offsets in its metadata), or None."""
+    commit = next(_replica_commits(spark, target, None), None)
+    return None if commit is None else commit.applied.replica
+
+
+def _replica_commits(spark: SparkSession, target: Target, replica: str | None) -> Iterator[ReplicaCommit]:
+    """``replica``'s commits to a table (any replica's if None), newest first. The recent history is read first, as
+    the commit a caller looks for is almost always among the last few; the whole history only if it is not."""
     from delta.tables import DeltaTable
 
     table = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, str(target.table))
@@ -199,7 +205,7 @@ def _replica_commits(spark: SparkSession, target: Target, replica: str) -> Itera
             if below is not None and int(row["version"]) >= below:
                 continue
             parsed = _parse(int(row["version"]), row["userMetadata"])
-            if parsed is not None and parsed.replica == replica:
+            if parsed is not None and replica in (None, parsed.replica):
                 yield ReplicaCommit(parsed, float(row["committed_s"]))
         if len(rows) < _RECENT:
             return  # that was the whole history

@@ -42,6 +42,7 @@ from replica_lib.progress import (
     applied_offsets,
     batch_ids,
     last_committed_offsets,
+    last_writer,
     offsets_json,
     path_exists,
     read_text,
@@ -194,6 +195,7 @@ def check_checkpoint(spark: SparkSession, cfg: ReplicaConfig) -> None:
             f"checkpoint {cfg.checkpoint} has progress but no {OWNER_FILE}: it was not made by a replica; "
             "use an empty folder for replica.checkpoint"
         )
+    _check_writers(spark, cfg)
     _check_keys(spark, cfg)
     _check_pending(spark, cfg)
     committed = last_committed_offsets(spark, cfg.checkpoint)
@@ -247,6 +249,22 @@ def _targets(table: TableConfig) -> list[tuple[str, Target]]:
 
 def _empty(spark: SparkSession, target: Target) -> bool:
     return read_table(spark, target).limit(1).count() == 0
+
+
+def _check_writers(spark: SparkSession, cfg: ReplicaConfig) -> None:
+    """Refuse a table that another replica writes: two replicas in one table overwrite each other's rows (each
+    applies its own log, with its own offsets and versions), whichever checkpoint each has."""
+    for table in cfg.tables:
+        for target in dict.fromkeys((table.target, applied_target(table))):
+            if not table_exists(spark, target):
+                continue
+            writer = last_writer(spark, target)
+            if writer is not None and writer != cfg.name:
+                raise CheckpointError(
+                    f"replica {cfg.name}: {target.describe()} (tables.{table.name}.target in {cfg.source_file}) is "
+                    f"written by replica {writer!r}, and two replicas cannot share a table: give {cfg.name} a "
+                    f'target of its own, or if it is {writer!r} renamed, restore replica.name = "{writer}"'
+                )
 
 
 def _check_keys(spark: SparkSession, cfg: ReplicaConfig) -> None:

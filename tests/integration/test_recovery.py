@@ -79,6 +79,33 @@ def test_another_replicas_checkpoint_is_refused(
             start_replica(spark, cfg, available_now=True)
 
 
+@pytest.mark.parametrize("layout", ["copy-on-write", "merge-on-read"])
+def test_a_table_another_replica_writes_is_refused_whatever_the_checkpoint(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path, layout: str
+) -> None:
+    """A second replica given the first one's table (a copied file whose target was not changed) would apply its
+    own log into it; it is refused before it writes, and the first replica goes on."""
+    topic, other_topic = topic_factory(partitions=1), topic_factory(partitions=1)
+    bootstrap = connection["bootstrap.servers"]
+    first = replica_config(tmp_path, bootstrap, "first", {"orders": orders_table(topic, layout=layout)})
+    log = produce(connection, topic, [upsert(1, 1, "a"), upsert(2, 1, "b")])
+    produce(connection, other_topic, [upsert(1, 9, "other")])
+    run_available_now(spark, first)
+    copied = replica_config(
+        tmp_path / "copy", bootstrap, "copied", {"orders": orders_table(other_topic, layout=layout)}
+    )
+    copied = moved(copied, Path(str(first.table("orders").target.path)))  # the first replica's table
+    with pytest.raises(CheckpointError) as caught:
+        start_replica(spark, copied, available_now=True)
+    message = str(caught.value)
+    assert message.startswith(f"replica copied: delta.`{first.table('orders').target.path}")
+    assert "(tables.orders.target in copied.toml)" in message
+    assert "is written by replica 'first', and two replicas cannot share a table" in message
+    log += produce(connection, topic, [upsert(2, 2, "c")])
+    run_available_now(spark, first)
+    assert_matches_model(spark, first, log)
+
+
 def test_records_deleted_unread_stop_the_replica_with_a_rebuild_hint(
     spark: SparkSession, connection: dict[str, str], tmp_path: Path
 ) -> None:
@@ -238,10 +265,14 @@ def test_a_checkpoint_pointed_at_a_new_table_location_is_refused(
         start_replica(spark, elsewhere, available_now=True)
     assert not (tmp_path / "new_location").exists()
 
-    # Another table made at that location since (e.g. by another replica, or created by hand) is refused too.
+    # Another table made at that location since is refused too: one created by hand, or another replica's.
+    by_hand = tmp_path / "by_hand" / "orders"
+    read_table(spark, cfg.table("orders").target).limit(0).write.format("delta").save(str(by_hand))
+    with pytest.raises(CheckpointError, match="is not the table it wrote to"):
+        start_replica(spark, moved(cfg, by_hand), available_now=True)
     other = replica_config(tmp_path, connection["bootstrap.servers"], "other", {"orders": orders_table(topic)})
     run_available_now(spark, other)
-    with pytest.raises(CheckpointError, match="is not the table it wrote to"):
+    with pytest.raises(CheckpointError, match="is written by replica 'other'"):
         start_replica(spark, moved(cfg, Path(str(other.table("orders").target.path))), available_now=True)
 
 
