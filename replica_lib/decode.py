@@ -886,15 +886,16 @@ def _data_checks(schema: TableSchema) -> list[tuple[Column, Column | str]]:
                 ),
             )
         )
-    # A kept column declared NOT NULL: the replica table refuses a null there (the batch would fail on it).
+    # A kept column declared NOT NULL: the replica table refuses a null there (the batch would fail on it). After
+    # the type checks: a value of another type reads as null too, and is named as such.
     required = [f.name for f in schema.kept.fields if not f.nullable and f.name not in schema.table.keys]
     nulls = F.concat_ws(", ", *[F.when(data_struct[name].isNull(), F.lit(name)) for name in required])
-    if required:
-        unsent.append((is_upsert & (nulls != ""), F.concat(F.lit("data has no value for NOT NULL column "), nulls)))
+    no_value = [(is_upsert & (nulls != ""), F.concat(F.lit("data has no value for NOT NULL column "), nulls))]
     return [
         *unsent,
         (F.col("_bad") != "", F.concat(F.lit("data does not match the table schema: "), F.col("_bad"))),
         (is_upsert & data_struct["_corrupt"].isNotNull(), "data is not a JSON object of the table's columns"),
+        *(no_value if required else []),
         (is_upsert & key_differs, "the record key does not match the key columns in data"),
     ]
 

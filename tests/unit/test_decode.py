@@ -1313,11 +1313,13 @@ def test_an_upsert_without_a_value_for_a_not_null_column_is_refused(spark: Spark
         record({"id": 1}, {"op": "upsert", **table, "data": {"id": 1, "a": None, "b": 2, "c": "z"}}, 1, "ev"),
         record({"id": 1}, {"op": "upsert", **table, "data": {"id": 1}}, 2, "ev"),
         record({"id": 1}, {"op": "delete", **table}, 3, "ev"),
+        record({"id": 1}, {"op": "upsert", **table, "data": {"id": 1, "a": "x", "b": "2"}}, 4, "ev"),
     ]
     changes_df = decode_table(spark, cfg, rows, "t")
     assert errors(changes_df) == [
         (1, "data has no value for NOT NULL column a"),
         (2, "data has no value for NOT NULL column a, b"),
+        (4, "data does not match the table schema: b (bigint)"),  # a value of another type, not a missing one
     ]
     assert offsets(decode.valid(changes_df)) == [0, 3]
 
