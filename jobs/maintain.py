@@ -16,6 +16,7 @@ from jobs._cli import guarded, setup_logging
 from replica_lib.config import load_replica, local_settings
 from replica_lib.layout import fold
 from replica_lib.maintenance import maintain, tidy_files, vacuum_plan
+from replica_lib.recovery import log_order_kept
 from replica_lib.session import build_session
 from replica_lib.target import ensure_replica_tables
 from replica_lib.topics import TopicAdmin
@@ -58,7 +59,9 @@ def main(argv: list[str]) -> int:
             )
         for schema in ensure_replica_tables(spark, cfg).values():
             if schema.table.merge_on_read:
-                print(f"{cfg.name}.{fold(spark, cfg.name, schema).line(schema.table.name)}")
+                with log_order_kept(cfg):
+                    folded = fold(spark, cfg.name, schema)
+                print(f"{cfg.name}.{folded.line(schema.table.name)}")
         tidied = maintain(spark, cfg, None if client.settings is None else TopicAdmin(client.settings))
         for table, done in tidied.items():
             print(

@@ -46,7 +46,7 @@ from replica_lib.merge import (
     typed_conflicts,
 )
 from replica_lib.monitor import GroupOffsets
-from replica_lib.ordering import current_versions, held, latest_per_key, one_per_key, unapplied
+from replica_lib.ordering import current_versions, held, latest_per_key, log_order, one_per_key, unapplied
 from replica_lib.progress import (
     Offsets,
     batch_end_offsets,
@@ -55,7 +55,7 @@ from replica_lib.progress import (
     offsets_json,
     path_exists,
 )
-from replica_lib.recovery import check_partitions
+from replica_lib.recovery import check_partitions, log_order_kept
 from replica_lib.session import FOLD_POOL, replica_session
 from replica_lib.target import (
     Evolution,
@@ -267,7 +267,8 @@ class BatchHandler:
 
     def wait_for_folds(self) -> None:
         """Wait for the fold in flight, if any; raise what it raised (other than losing a race to another fold)."""
-        self._folds.finish()
+        with log_order_kept(self.cfg):
+            self._folds.finish()
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         if self.stop_requested is not None and self.stop_requested():
@@ -305,7 +306,8 @@ class BatchHandler:
         """
         self._generation = generation
         stats = self._run(_Records(batch_df), batch_id, offsets)
-        self._folds.finish()  # the caller reads the tables next
+        with log_order_kept(self.cfg):
+            self._folds.finish()  # the caller reads the tables next
         return stats
 
     def _run(self, records: _Records, batch_id: int, offsets: Offsets) -> BatchStats:
@@ -319,7 +321,8 @@ class BatchHandler:
         attempt = 1
         while True:
             try:
-                return self._run_once(records, batch_id, offsets)
+                with log_order_kept(self.cfg):
+                    return self._run_once(records, batch_id, offsets)
             except (Py4JJavaError, PySparkException) as exc:
                 if attempt >= BATCH_ATTEMPTS or not _lost_materialized_rows(exc):
                     raise
@@ -569,7 +572,8 @@ class BatchHandler:
             with batch.stage(f"{table.name}: order"):
                 tombstone_keys = changes_df.where(F.col("_tombstone"))
                 states = pending_versions(batch.spark, table, tombstone_keys, batch.generation, batch.batch_id)
-                winners_df = latest_per_key(changes_df, keys, current_versions(keys, states)).localCheckpoint()
+                winners_df = latest_per_key(changes_df, keys, current_versions(keys, states), log_order(table))
+                winners_df = winners_df.localCheckpoint()
                 counts = {str(op): int(n) for op, n in winners_df.groupBy("_op").count().collect()}
                 upserts, deletes = int(counts.get("upsert", 0)), int(counts.get("delete", 0))
         commit = Commit(app_id(self.cfg.name, table.name, batch.generation), batch.batch_id, batch.metadata)
@@ -1028,7 +1032,7 @@ def _observed(
     winners = None
     if ranked:
         winners = Observation()
-        ranked_df = one_per_key(observed, schema.table.keys, late=True)
+        ranked_df = one_per_key(observed, schema.table.keys, late=True, by_log=log_order(schema.table))
         observed = ranked_df.observe(winners, *_winner_counts()).drop("_late")
     return observed.localCheckpoint(), observation, winners
 
@@ -1267,6 +1271,7 @@ def _winners(
     are the winners as they are, counted already.
     """
     keys = list(schema.table.keys)
+    by_log = log_order(schema.table)
     version_cols = version_columns(schema.table.keys)
     valid_df = decode.valid(changes_df)
     key = F.col(f"`{keys[0]}`")
@@ -1279,7 +1284,7 @@ def _winners(
         ranked_rows = summary.ranked_upserts + summary.ranked_deletes
         return _Winners(valid_df, ranked_rows, summary.ranked_deletes, key_range, exact=True)
     if ranked and retained_small:  # one change per key already: only those newer than every known version remain
-        winners_df = unapplied(valid_df, keys, F.broadcast(retained_df))
+        winners_df = unapplied(valid_df, keys, F.broadcast(retained_df), by_log)
         return _Winners(winners_df.localCheckpoint(), rows, summary.deletes, key_range)
     batch_keys = valid_df.select(*keys).distinct()
     if rows <= BROADCAST_ROWS:
@@ -1292,9 +1297,9 @@ def _winners(
         tombstone_keys = valid_df.where(F.col("_tombstone")).select(*keys).distinct()
         states.append(rows_df.join(F.broadcast(tombstone_keys), keys, "left_semi").select(*version_cols))
     if ranked:
-        winners_df = unapplied(valid_df, keys, reduce(DataFrame.unionByName, states))
+        winners_df = unapplied(valid_df, keys, reduce(DataFrame.unionByName, states), by_log)
     else:
-        winners_df = latest_per_key(valid_df, keys, current_versions(keys, *states))
+        winners_df = latest_per_key(valid_df, keys, current_versions(keys, *states), by_log)
     return _Winners(winners_df.localCheckpoint(), rows, summary.deletes, key_range)
 
 

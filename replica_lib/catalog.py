@@ -41,7 +41,7 @@ from replica_lib.config import LocalSettings, ReplicaConfig, Target, local_setti
 from replica_lib.errors import CatalogError, ConfigError, ReplicaError
 from replica_lib.layout import state_sql
 from replica_lib.session import local_metastore, persistent_catalog
-from replica_lib.target import changes_target, table_schema, tombstone_target
+from replica_lib.target import changes_target, sql_string, table_schema, tombstone_target
 
 logger = logging.getLogger(__name__)
 
@@ -71,10 +71,6 @@ class Entry:
 
 def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _source(database: str, name: str, target: Target) -> Entry:
@@ -178,14 +174,14 @@ def _apply_entry(spark: SparkSession, entry: Entry) -> bool:
         if existing is not None:
             _drop(spark, entry, existing[0])
         spark.sql(
-            f"CREATE TABLE {entry.qualified} USING delta LOCATION {_literal(entry.location)} "
-            f"COMMENT {_literal(entry.comment)}"
+            f"CREATE TABLE {entry.qualified} USING delta LOCATION {sql_string(entry.location)} "
+            f"COMMENT {sql_string(entry.comment)}"
         )
         return True
     assert entry.query is not None
     if existing is not None and existing[0] != "VIEW":
         _drop(spark, entry, existing[0])
-    spark.sql(f"CREATE OR REPLACE VIEW {entry.qualified} COMMENT {_literal(entry.comment)} AS {entry.query}")
+    spark.sql(f"CREATE OR REPLACE VIEW {entry.qualified} COMMENT {sql_string(entry.comment)} AS {entry.query}")
     return True
 
 
@@ -198,7 +194,7 @@ def apply(spark: SparkSession, replica: str, source_file: str, wanted: Sequence[
         logger.info("catalog: %s not registered: none of its tables exists", replica)
         return []
     if not spark.catalog.databaseExists(replica):  # Spark 4.2 warns of an existing one "created concurrently"
-        comment = _literal(f"replica {replica} ({source_file})")
+        comment = sql_string(f"replica {replica} ({source_file})")
         spark.sql(f"CREATE DATABASE IF NOT EXISTS {_quote(replica)} COMMENT {comment}")
     done: list[str] = []
     missing: set[str] = set()

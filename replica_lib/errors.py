@@ -67,6 +67,10 @@ class PartitionsChangedError(ReplicaError):
     """A topic gained partitions under a table ordered by log position, whose order then no longer holds."""
 
 
+class KeyAcrossPartitionsError(PartitionsChangedError):
+    """A key of a table ordered by log position has changes in two partitions, which the log cannot order."""
+
+
 class DataLossError(ReplicaError):
     """The log no longer holds records this replica has not applied yet; says what is missing and how to rebuild."""
 

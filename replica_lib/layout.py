@@ -36,7 +36,7 @@ from replica_lib.merge import (
     retire_changes,
     typed_conflicts,
 )
-from replica_lib.ordering import one_per_key, unapplied
+from replica_lib.ordering import log_order, one_per_key, unapplied
 from replica_lib.progress import applied_offsets, offsets_json
 from replica_lib.target import (
     CHANGE_LOG_PARTITIONS,
@@ -51,6 +51,7 @@ from replica_lib.target import (
     partition_columns,
     read_table,
     size_bytes,
+    sql_string,
     sql_type,
     tombstone_target,
     version_columns,
@@ -82,6 +83,10 @@ def state_sql(schema: TableSchema, base: str, changes: str, tombstones: str, who
     one more at each step of the query's adaptive plan for a table with deletion vectors, which outweighs
     shuffling a small table's rows (see :data:`WHOLE_MAX_BYTES`). Both shapes give the same rows.
 
+    A table ordered by log position (no ``sequence_by``) ranks a key only among changes of one partition: the
+    query fails (Spark's ``raise_error``, as :class:`~replica_lib.ordering.LogOrder` fails a batch) for a key whose
+    candidates come from two, rather than show one of them. Another engine puts its own error function there.
+
     The change log is the first table either shape names (in its first CTE): Spark resolves a query's tables in
     that order, taking each Delta table's snapshot as it does, and every other reference to the same table in the
     query shares that snapshot (the analyzer's relation cache). So a query of the catalog's view, which cannot pin
@@ -104,6 +109,15 @@ def state_sql(schema: TableSchema, base: str, changes: str, tombstones: str, who
         for f in schema.replica_schema.fields
     )
     base_rows = f"SELECT {cols}, 'upsert' AS _op FROM {base} b" + ("" if whole else f" WHERE {pending('b')}")
+    winner = "_rank = 1 AND _op = 'upsert'"
+    by_log = log_order(schema.table)
+    by_version = f"PARTITION BY {key_list} ORDER BY _src_seq DESC NULLS LAST, _src_partition DESC, _src_offset DESC"
+    partitions = ""
+    if by_log is not None:  # one CASE, so that no filter runs before it and skips a key's check
+        whole_key = f"OVER ({by_version} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)"
+        partitions = f", MIN(_src_partition) {whole_key} AS _low, MAX(_src_partition) {whole_key} AS _high"
+        key = f"to_json(named_struct({', '.join(f'{sql_string(k)}, {_quote(k)}' for k in keys)}))"
+        winner = f"CASE WHEN _low <> _high THEN {by_log.refusal_sql(key, '_low', '_high')} ELSE {winner} END"
     ranked = f"""WITH candidates AS (
   SELECT {cols}, _op FROM {changes}
   UNION ALL
@@ -112,17 +126,15 @@ def state_sql(schema: TableSchema, base: str, changes: str, tombstones: str, who
   SELECT {as_delete}, 'delete' AS _op FROM {tombstones} d{"" if whole else f" WHERE {pending('d')}"}
 ),
 ranked AS (
-  SELECT *, ROW_NUMBER() OVER (
-    PARTITION BY {key_list} ORDER BY _src_seq DESC NULLS LAST, _src_partition DESC, _src_offset DESC
-  ) AS _rank
+  SELECT *, ROW_NUMBER() OVER ({by_version}) AS _rank{partitions}
   FROM candidates
 )
 """
     if whole:
-        return f"{ranked}SELECT {cols} FROM ranked WHERE _rank = 1 AND _op = 'upsert'"
+        return f"{ranked}SELECT {cols} FROM ranked WHERE {winner}"
     return f"""{ranked}SELECT {cols} FROM {base} b WHERE NOT {pending("b")}
 UNION ALL
-SELECT {cols} FROM ranked WHERE _rank = 1 AND _op = 'upsert'"""
+SELECT {cols} FROM ranked WHERE {winner}"""
 
 
 #: A base and retained deletes of at most this size together are ranked whole (``state_sql(whole=True)``) by
@@ -226,7 +238,7 @@ def fold(
         F.lit(False).alias("_tombstone"),
         F.lit(None).cast("string").alias("_error"),
     )
-    winners = one_per_key(changes, keys).localCheckpoint()
+    winners = one_per_key(changes, keys, by_log=log_order(table)).localCheckpoint()
     counted = winners.agg(
         F.count(F.lit(1)).alias("rows"),
         F.min(F.col(_quote(keys[0]))).cast("string").alias("low"),  # cast after: a string orders otherwise
@@ -245,7 +257,8 @@ def fold(
     if file_count(spark, tombstone_target(table)):
         retained = read_table(spark, tombstone_target(table)).select(*version_columns(table.keys))
         retained = retained.join(F.broadcast(upserts.select(*keys)), keys, "left_semi")
-    gated = unapplied(upserts, keys, retained).unionByName(winners.where(F.col("_op") == "delete")).localCheckpoint()
+    gated = unapplied(upserts, keys, retained, log_order(table)).unionByName(winners.where(F.col("_op") == "delete"))
+    gated = gated.localCheckpoint()
 
     app = fold_app_id(replica, table.name)
     # Keyed by the change log's version read, not by its last replica commit's: changes appended with no offsets

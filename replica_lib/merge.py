@@ -30,7 +30,7 @@ from replica_lib.errors import (
     ConcurrentDeleteReadError,
     jvm_causes,
 )
-from replica_lib.ordering import newer
+from replica_lib.ordering import LogOrder, key_json, log_order, newer
 from replica_lib.session import java_class
 from replica_lib.target import PROVENANCE_COLUMNS, TableSchema, delta_table, latest_snapshot, size_bytes
 
@@ -90,14 +90,18 @@ def _on_keys(keys: tuple[str, ...]) -> Column:
     return condition
 
 
-def _source_newer(target_prefix: str = "t") -> Column:
+def _source_newer(by_log: LogOrder | None, keys: Sequence[str]) -> Column:
+    across = None
+    if by_log is not None:
+        across = by_log.refusal(key_json(keys, "s."), F.col("s._partition"), F.col("t._src_partition"))
     return newer(
         F.col("s._seq"),
         F.col("s._partition"),
         F.col("s._offset"),
-        F.col(f"{target_prefix}._src_seq"),
-        F.col(f"{target_prefix}._src_partition"),
-        F.col(f"{target_prefix}._src_offset"),
+        F.col("t._src_seq"),
+        F.col("t._src_partition"),
+        F.col("t._src_offset"),
+        across,
     )
 
 
@@ -203,6 +207,7 @@ def merge_rows(
     ``rows`` is the number of winners; ``key_range`` (optional) bounds the files the MERGE reads.
     """
     is_delete, is_upsert = F.col("s._op") == "delete", F.col("s._op") == "upsert"
+    source_newer = _source_newer(log_order(schema.table), schema.table.keys)
     values = {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in schema.kept.fields} | _provenance()
     on = _on_keys(schema.table.keys)
     if key_range is not None:
@@ -226,8 +231,8 @@ def merge_rows(
             delta_table(spark, target)
             .alias("t")
             .merge(_source(winners_df, rows).alias("s"), on)
-            .whenMatchedDelete(condition=is_delete & _source_newer())
-            .whenMatchedUpdate(condition=is_upsert & _source_newer(), set=values)
+            .whenMatchedDelete(condition=is_delete & source_newer)
+            .whenMatchedUpdate(condition=is_upsert & source_newer, set=values)
             .whenNotMatchedInsert(condition=is_upsert, values=values)
             .execute()
         )

@@ -15,12 +15,58 @@ not applied (see :func:`newer`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from replica_lib.config import TableConfig
+from replica_lib.target import sql_string
+
 _MIN_SEQ = -(2**63)
+
+
+@dataclass(frozen=True)
+class LogOrder:
+    """A table ordered by log position (no ``sequence_by``), whose versions compare within one partition only.
+
+    Kafka orders a key's changes within the partition it sends them to. Changes of one key in two partitions (the
+    topic gained partitions, or two producers partition keys differently) have no order the log can give, and
+    ranking them by partition number would put an earlier change over a later one without a word. So every
+    comparison of such a table's versions across partitions fails its Spark job instead, with Spark's
+    ``USER_RAISED_EXCEPTION`` and a message naming the key (:func:`refusal`), which
+    :func:`replica_lib.recovery.key_across_partitions` turns into the replica's error.
+    """
+
+    table: str
+    topic: str
+
+    def _words(self) -> tuple[str, str, str, str]:
+        """The message's text around the key and the two partitions."""
+        return "key ", f" of table {self.table} has changes in partitions ", " and ", f" of topic {self.topic}"
+
+    def refusal(self, key: Column, partition: Column, other: Column) -> Column:
+        """An expression that fails the job, naming ``key`` (a JSON string) and the two partitions."""
+        low, high = F.least(partition, other).cast("string"), F.greatest(partition, other).cast("string")
+        before, between, joined, after = (F.lit(words) for words in self._words())
+        return F.raise_error(F.concat(before, key, between, low, joined, high, after))
+
+    def refusal_sql(self, key: str, partition: str, other: str) -> str:
+        """:meth:`refusal` in Spark SQL, over SQL expressions."""
+        before, between, joined, after = (sql_string(words) for words in self._words())
+        low, high = f"CAST(LEAST({partition}, {other}) AS STRING)", f"CAST(GREATEST({partition}, {other}) AS STRING)"
+        return f"raise_error(concat({before}, {key}, {between}, {low}, {joined}, {high}, {after}))"
+
+
+def log_order(table: TableConfig) -> LogOrder | None:
+    """The table's :class:`LogOrder` if it is ordered by log position (no ``sequence_by``), else None."""
+    return LogOrder(table.name, table.topic) if table.sequence_by is None else None
+
+
+def key_json(keys: Sequence[str], prefix: str = "") -> Column:
+    """The key columns (each ``prefix + name``) as one JSON object, for a message."""
+    return F.to_json(F.struct(*[F.col(f"{prefix}`{k}`").alias(k) for k in keys]))
 
 
 def newer(
@@ -30,15 +76,23 @@ def newer(
     than_seq: Column,
     than_partition: Column,
     than_offset: Column,
+    across: Column | None = None,
 ) -> Column:
-    """Whether version (seq, partition, offset) is greater than the other; anything beats no version."""
+    """Whether version (seq, partition, offset) is greater than the other; anything beats no version.
+
+    ``across``: the refusal (:meth:`LogOrder.refusal`) evaluated instead when the two versions are of different
+    partitions, for a table ordered by log position.
+    """
     lowest = F.lit(_MIN_SEQ).cast("long")
     a, b = F.coalesce(seq, lowest), F.coalesce(than_seq, lowest)
-    return (
+    greater = (
         than_offset.isNull()
         | (a > b)
         | ((a == b) & ((partition > than_partition) | ((partition == than_partition) & (offset > than_offset))))
     )
+    if across is None:
+        return greater
+    return F.when(than_offset.isNotNull() & (partition != than_partition), across.cast("boolean")).otherwise(greater)
 
 
 def current_versions(keys: Sequence[str], *states: DataFrame) -> DataFrame:
@@ -61,11 +115,14 @@ def current_versions(keys: Sequence[str], *states: DataFrame) -> DataFrame:
     )
 
 
-def latest_per_key(changes_df: DataFrame, keys: Sequence[str], current_df: DataFrame | None) -> DataFrame:
+def latest_per_key(
+    changes_df: DataFrame, keys: Sequence[str], current_df: DataFrame | None, by_log: LogOrder | None = None
+) -> DataFrame:
     """One winning change per key, kept only if it is newer than the table's current version of that key.
 
     ``current_df`` holds ``keys + _cur_seq, _cur_partition, _cur_offset`` (see :func:`current_versions`) for the
-    keys that have a known current version; None when no key has one (an empty table).
+    keys that have a known current version; None when no key has one (an empty table). ``by_log``: the table is
+    ordered by log position, and a winner of another partition than its key's current version is refused.
     """
     in_log_order = Window.partitionBy(*keys).orderBy("_partition", "_offset")
     before = in_log_order.rowsBetween(Window.unboundedPreceding, -1)
@@ -82,6 +139,9 @@ def latest_per_key(changes_df: DataFrame, keys: Sequence[str], current_df: DataF
     else:
         with_state = changes_df.join(current_df, list(keys), "left")
     inherited = F.greatest(F.max("_seq").over(before), F.col("_cur_seq"))
+    across = None
+    if by_log is not None:
+        across = by_log.refusal(key_json(keys), F.col("_partition"), F.col("_cur_partition"))
     return (
         with_state.withColumn("_seq", F.when(F.col("_tombstone"), inherited).otherwise(F.col("_seq")))
         .withColumn("_rank", F.row_number().over(by_version))
@@ -94,6 +154,7 @@ def latest_per_key(changes_df: DataFrame, keys: Sequence[str], current_df: DataF
                 F.col("_cur_seq"),
                 F.col("_cur_partition"),
                 F.col("_cur_offset"),
+                across,
             )
         )
         .drop("_rank", "_cur_seq", "_cur_partition", "_cur_offset")
@@ -113,12 +174,16 @@ def version_of(seq: Column, partition: Column, offset: Column) -> Column:
 _COORDINATES = ("_topic", "_partition", "_offset")
 
 
-def one_per_key(changes_df: DataFrame, keys: Sequence[str], late: bool = False) -> DataFrame:
+def one_per_key(
+    changes_df: DataFrame, keys: Sequence[str], late: bool = False, by_log: LogOrder | None = None
+) -> DataFrame:
     """The greatest version per key among the valid changes, and one copy of each rejected record.
 
     ``late``: add ``_late``, whether the key's last change in log order has a lower seq than its winner (a *late
     change*: Kafka's compaction keeps that last record, so a rebuild from a compacted log would keep it). A
-    Kafka tombstone last is not late: it deletes the key in the replica as after compaction.
+    Kafka tombstone last is not late: it deletes the key in the replica as after compaction. ``by_log``: the
+    table is ordered by log position, and a key with valid changes in two partitions is refused (in the same
+    aggregation: the least and greatest partition of each key's changes).
 
     One aggregation (``max_by``, with a partial aggregation before its shuffle), so the decode's own job ranks the
     batch: no window. Spark runs it sort-based (its buffer, the whole change, is a struct, which a hash aggregation
@@ -128,13 +193,13 @@ def one_per_key(changes_df: DataFrame, keys: Sequence[str], late: bool = False) 
     table needs the changes before it and the table's state.
     Rejected records (``_error`` set) are grouped by their log coordinates, so copies of one record count once.
     """
-    group, aggregates, selected = _ranking(tuple(changes_df.columns), tuple(keys), late)
+    group, aggregates, selected = _ranking(tuple(changes_df.columns), tuple(keys), late, by_log)
     return changes_df.groupBy(*group).agg(*aggregates).select(*selected)
 
 
 @lru_cache(maxsize=64)
 def _ranking(
-    columns: tuple[str, ...], keys: tuple[str, ...], late: bool
+    columns: tuple[str, ...], keys: tuple[str, ...], late: bool, by_log: LogOrder | None
 ) -> tuple[tuple[Column, ...], tuple[Column, ...], tuple[Column, ...]]:
     """The grouping, aggregates and output of :func:`one_per_key` for a frame of ``columns``: built once per
     schema, like the decode's expressions (they are the same for every batch)."""
@@ -144,22 +209,32 @@ def _ranking(
     version = version_of(F.col("_seq"), F.col("_partition"), F.col("_offset"))
     change = F.struct(*[F.col(f"`{c}`") for c in columns])
     fields = [F.col("_change")[c].alias(c) for c in columns]
+    aggregates: tuple[Column, ...] = (F.max_by(change, version).alias("_change"),)
+    if by_log is not None:  # a rejected record is a group of its own: one partition
+        aggregates += (F.min("_partition").alias("_low"), F.max("_partition").alias("_high"))
+        refused = by_log.refusal(key_json(keys, "_change."), F.col("_low"), F.col("_high")).cast("int")
+        partition = F.when(F.col("_low") != F.col("_high"), refused).otherwise(F.col("_change._partition"))
+        fields = [partition.alias(c) if c == "_partition" else field for c, field in zip(columns, fields, strict=True)]
     if not late:
-        return tuple(group), (F.max_by(change, version).alias("_change"),), tuple(fields)
+        return tuple(group), aggregates, tuple(fields)
     # The key's last change in the log, beside its winner, in the same aggregation.
     last = F.max_by(F.struct(F.col("_seq"), F.col("_tombstone")), F.struct(F.col("_partition"), F.col("_offset")))
     is_late = (
         F.col("_change._error").isNull() & ~F.col("_last._tombstone") & (F.col("_last._seq") < F.col("_change._seq"))
     )
-    aggregates = (F.max_by(change, version).alias("_change"), last.alias("_last"))
+    aggregates += (last.alias("_last"),)
     return tuple(group), aggregates, (*fields, F.coalesce(is_late, F.lit(False)).alias("_late"))
 
 
-def unapplied(winners_df: DataFrame, keys: Sequence[str], states_df: DataFrame | None) -> DataFrame:
+def unapplied(
+    winners_df: DataFrame, keys: Sequence[str], states_df: DataFrame | None, by_log: LogOrder | None = None
+) -> DataFrame:
     """The winners newer than every known version of their key.
 
     ``states_df`` holds ``keys + _src_seq, _src_partition, _src_offset``, any number of rows per key (retained
     deletes, rows); a winner that one of them equals or passes is dropped (an anti join: no ranking of states).
+    ``by_log``: the table is ordered by log position, and a winner of another partition than a state of its key
+    is refused.
     """
     if states_df is None:
         return winners_df
@@ -171,6 +246,13 @@ def unapplied(winners_df: DataFrame, keys: Sequence[str], states_df: DataFrame |
         states_df["_src_seq"],
         states_df["_src_partition"],
         states_df["_src_offset"],
+        None
+        if by_log is None
+        else by_log.refusal(
+            F.to_json(F.struct(*[winners_df[f"`{k}`"].alias(k) for k in keys])),
+            winners_df["_partition"],
+            states_df["_src_partition"],
+        ),
     )
     condition = on[0]
     for term in [*on[1:], stale]:

@@ -16,12 +16,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlparse
 
@@ -32,6 +33,7 @@ from replica_lib.errors import (
     CheckpointError,
     ConfigError,
     DataLossError,
+    KeyAcrossPartitionsError,
     PartitionsChangedError,
     ReplicaError,
     jvm_causes,
@@ -437,6 +439,46 @@ def check_partitions(cfg: ReplicaConfig, before: Offsets, now: Mapping[str, Iter
             "primary writes with every change, then rebuild beside the live replica and swap it in "
             f"(./replica rebuild {cfg.source_file} --into <folder> --swap)"
         )
+
+
+#: Spark's error condition for ``raise_error``, which only :meth:`replica_lib.ordering.LogOrder.refusal` uses.
+_REFUSED = "USER_RAISED_EXCEPTION"
+
+
+def key_across_partitions(exc: BaseException, cfg: ReplicaConfig) -> KeyAcrossPartitionsError | None:
+    """The replica's error for a Spark job that :class:`~replica_lib.ordering.LogOrder` failed, or None.
+
+    Told by Spark's error condition; the message's parameter, built by the job, names the key and partitions.
+    """
+    from pyspark import SparkContext
+
+    for cause in jvm_causes(exc):
+        if jvm_condition(SparkContext._gateway, cause) == _REFUSED:
+            what = cause.getMessageParameters().get("errorMessage")
+            return KeyAcrossPartitionsError(
+                f"replica {cfg.name}: {what}: Kafka orders a key's changes within one partition, and the table is "
+                f"ordered by log position (no sequence_by in {cfg.source_file}), so which of them is later cannot "
+                "be told (the topic gained partitions, or producers partition the key differently); the replica "
+                "stopped before applying them. Set sequence_by to a version the primary writes with every change, "
+                f"then rebuild beside the live replica and swap it in (./replica rebuild {cfg.source_file} --into "
+                "<folder> --swap)"
+            )
+    return None
+
+
+@contextlib.contextmanager
+def log_order_kept(cfg: ReplicaConfig) -> Iterator[None]:
+    """Raise :func:`key_across_partitions`'s error for a failure of the block that it tells, else the failure."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    try:
+        yield
+    except (Py4JJavaError, PySparkException) as exc:
+        refused = key_across_partitions(exc, cfg)
+        if refused is None:
+            raise
+        raise refused from exc
 
 
 def applied_so_far(spark: SparkSession, cfg: ReplicaConfig) -> Offsets | None:

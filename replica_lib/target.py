@@ -304,6 +304,11 @@ def sql_type(data_type: T.DataType) -> str:
     return data_type.simpleString()
 
 
+def sql_string(text: str) -> str:
+    """``text`` as a Spark SQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def ensure_table(
     spark: SparkSession,
     target: Target,

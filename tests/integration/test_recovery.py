@@ -11,12 +11,23 @@ from typing import Any
 import pytest
 from chispa import assert_df_equality
 from confluent_kafka import Producer
+from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
+from jobs.rebuild import main as rebuild_main
+from replica_dev.conf import replica_doc, write_replica
+from replica_dev.model import LoggedChange
 from replica_lib.batch import BatchHooks, BatchStats
-from replica_lib.config import ReplicaConfig, Target
-from replica_lib.errors import CheckpointError, ConfigError, DataLossError, PartitionsChangedError
-from replica_lib.stream import start_replica
+from replica_lib.config import COPY_ON_WRITE, MERGE_ON_READ, ReplicaConfig, Target, load_replica
+from replica_lib.errors import (
+    CheckpointError,
+    ConfigError,
+    DataLossError,
+    KeyAcrossPartitionsError,
+    PartitionsChangedError,
+)
+from replica_lib.producer import Change, Position, encode_key, encode_value
+from replica_lib.stream import run_replica, start_replica
 from replica_lib.target import read_table, tombstone_target
 from replica_lib.topics import TopicAdmin, TopicSpec
 from tests.integration.support import (
@@ -130,7 +141,6 @@ def test_records_lost_while_the_replica_runs_stop_it_with_the_fix(
 ) -> None:
     """Retention deletes records the running replica has not read yet: the job stops with DataLossError."""
     from replica_lib.config import TriggerConfig
-    from replica_lib.stream import run_replica
 
     topic = f"lost-{uuid.uuid4().hex[:8]}"
     admin = TopicAdmin(connection)
@@ -170,7 +180,6 @@ def test_partitions_added_while_a_replica_runs_stop_a_table_ordered_by_log_posit
     """Kafka moves keys to other partitions when a topic gains some: the batch that first sees them is refused
     before it writes, and the table keeps the state of the batches before."""
     from replica_lib.config import TriggerConfig
-    from replica_lib.stream import run_replica
 
     topic = topic_factory(partitions=2)
     cfg = replica_config(tmp_path, connection["bootstrap.servers"], "grown", {"orders": log_ordered(topic)})
@@ -211,6 +220,68 @@ def test_partitions_added_while_a_replica_is_down_are_refused_at_start_unless_th
     assert f"topic {topic} has gained partitions 2 (from 2 to 3, seen when the replica started)" in str(caught.value)
     run_available_now(spark, by_seq)  # a key's changes are ordered by their seq, whatever their partition
     assert_matches_model(spark, by_seq, log)
+
+
+def produce_to(connection: dict[str, str], topic: str, partition: int, changes: list[Change]) -> list[LoggedChange]:
+    """Write ``changes`` to ``partition`` whatever their keys, as a producer that partitions keys its own way does."""
+    positions: list[Position] = []
+    producer = Producer({**connection, "enable.idempotence": True})
+    for change in changes:
+        producer.produce(
+            topic,
+            key=encode_key(change.key),
+            value=encode_value(change),
+            partition=partition,
+            on_delivery=lambda _e, m: positions.append(Position(m.topic(), m.partition(), m.offset())),
+        )
+    producer.flush(30)
+    return [LoggedChange(p, c, "orders") for p, c in zip(positions, changes, strict=True)]
+
+
+@pytest.mark.parametrize("layout", [COPY_ON_WRITE, MERGE_ON_READ])
+def test_a_key_with_changes_in_two_partitions_stops_a_table_ordered_by_log_position(
+    spark: SparkSession,
+    connection: dict[str, str],
+    topic_factory: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    layout: str,
+) -> None:
+    """Without a seq, nothing orders a key's changes in two partitions (a producer that partitions keys its own
+    way; a topic that grew before the replica ran): the replica stops instead of ranking them by partition
+    number, a copy-on-write table before it writes the batch, a merge-on-read table before a fold applies it (its
+    readers are refused meanwhile); a rebuild of the log is refused too."""
+    topic = topic_factory(partitions=2)
+    folds = {"fold_every_batches": 1} if layout == MERGE_ON_READ else {}
+    tables = {"orders": {**log_ordered(topic), "layout": layout, **folds}}
+    source = {"starting_offsets": "earliest"}
+    doc = replica_doc("split", tmp_path / "split", connection["bootstrap.servers"], tables, source=source)
+    cfg = load_replica(write_replica(tmp_path / "split.toml", {**doc, "trigger": {"available_now": True}}))
+    before = produce(connection, topic, [upsert(k, None, "a") for k in range(6)])
+    run_available_now(spark, cfg)
+    assert_matches_model(spark, cfg, before)
+
+    home = next(c.position.partition for c in before if c.change.key == {"order_id": 0})
+    produce_to(connection, topic, 1 - home, [upsert(0, None, "b")])
+    produce(connection, topic, [upsert(1, None, "c")])
+    moved = f'key {{"order_id":0}} of table orders has changes in partitions 0 and 1 of topic {topic}'
+    with pytest.raises(KeyAcrossPartitionsError) as caught:
+        run_replica(spark, cfg, available_now=True)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"replica split: {moved}: " in message and "no sequence_by in" in message and "--swap" in message
+    if layout == COPY_ON_WRITE:
+        assert_matches_model(spark, cfg, before)  # nothing of the refused batch
+    else:
+        base = read_table(spark, cfg.table("orders").target).drop("_src_event_ts")
+        assert_df_equality(base, expected_df(spark, cfg, "orders", before), ignore_row_order=True)
+        with pytest.raises(PySparkException) as reading:
+            replica_df(spark, cfg, "orders").collect()
+        assert reading.value.getMessageParameters()["errorMessage"] == moved
+
+    into = tmp_path / "rebuilt"
+    assert rebuild_main([str(cfg.source_file), "--into", str(into)]) != 0
+    assert f"error: replica split: {moved}: " in capsys.readouterr().err
 
 
 def assert_matches_model(spark: SparkSession, cfg: ReplicaConfig, log: list[Any]) -> None:

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 from chispa import assert_df_equality
+from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 
 from replica_dev.model import LoggedChange, fold
-from replica_lib.ordering import latest_per_key
+from replica_lib.ordering import LogOrder, latest_per_key
 from replica_lib.producer import Change as LogChange
 from replica_lib.producer import Position
 
@@ -355,3 +356,66 @@ def test_a_key_whose_last_change_in_the_log_has_a_lower_seq_is_flagged_late(spar
         6: False,
     }
     assert one_per_key(changes, KEYS).columns == changes.columns  # without late=True, nothing added
+
+
+BY_LOG = LogOrder("orders", "t-orders")
+MOVED = 'key {"order_id":1} of table orders has changes in partitions 0 and 1 of topic t-orders'
+
+
+def refused(frame_df: DataFrame) -> str:
+    """The message with which ``frame_df``'s job is refused (a key of a table ordered by log position in two
+    partitions): Spark's error for ``raise_error``, told by its condition."""
+    with pytest.raises(PySparkException) as caught:
+        frame_df.collect()
+    assert caught.value.getCondition() == "USER_RAISED_EXCEPTION"
+    return caught.value.getMessageParameters()["errorMessage"]
+
+
+def decoded(spark: SparkSession, rows: list[ChangeRow], errors: list[str | None] | None = None) -> DataFrame:
+    errors = errors or [None] * len(rows)
+    return spark.createDataFrame(
+        [(*r, "orders", e) for r, e in zip(rows, errors, strict=True)],
+        CHANGES_SCHEMA + ", _topic STRING, _error STRING",
+    )
+
+
+def test_a_key_with_changes_in_two_partitions_is_refused_by_the_ranking_of_a_table_ordered_by_log(
+    spark: SparkSession,
+) -> None:
+    """Without a seq, a key's changes are ordered within one partition only: the ranking of a batch in which a key
+    has changes in two refuses it, whichever partition wins; the same batch ranks as before without one."""
+    from replica_lib.ordering import one_per_key
+
+    for rows in ([up(1, None, 4), up(1, None, 2, partition=1)], [up(1, None, 2, partition=1), up(1, None, 9)]):
+        changes = decoded(spark, [up(2, None, 0), *rows, up(3, None, 1, partition=1)])
+        assert refused(one_per_key(changes, KEYS, late=True, by_log=BY_LOG)) == MOVED
+        assert refused(one_per_key(changes, KEYS, by_log=BY_LOG)) == MOVED
+    # One partition per key, and a rejected record of key 1 elsewhere (it is quarantined, not ranked): as before.
+    changes = decoded(
+        spark,
+        [up(1, None, 0), up(1, None, 3), up(2, None, 1, partition=1), up(1, None, 7, partition=1)],
+        [None] * 3 + ["bad"],
+    )
+    assert_df_equality(
+        one_per_key(changes, KEYS, late=True, by_log=BY_LOG),
+        one_per_key(changes, KEYS, late=True),
+        ignore_row_order=True,
+    )
+
+
+def test_a_winner_in_another_partition_than_its_keys_state_is_refused_on_a_table_ordered_by_log(
+    spark: SparkSession,
+) -> None:
+    """Against what the tables hold (retained deletes and rows: ``unapplied``, the window's ``latest_per_key``)."""
+    from replica_lib.ordering import current_versions, unapplied
+
+    states = frame(spark, [(1, None, 0, 30), (2, None, 1, 5)], STATE_SCHEMA)
+    for partition, offset in ((1, 2), (1, 40)):  # older or newer by offset: either way, not comparable
+        changes = [up(1, None, offset, partition=partition), up(2, None, 9, partition=1)]
+        ranked = decoded(spark, changes)
+        assert refused(unapplied(ranked, KEYS, states, BY_LOG)) == MOVED
+        window = latest_per_key(frame(spark, changes, CHANGES_SCHEMA), KEYS, current_versions(KEYS, states), BY_LOG)
+        assert refused(window) == MOVED
+    same = decoded(spark, [up(1, None, 31), up(2, None, 4, partition=1)])
+    assert_df_equality(unapplied(same, KEYS, states, BY_LOG), unapplied(same, KEYS, states), ignore_row_order=True)
+    assert [r["order_id"] for r in unapplied(same, KEYS, states, BY_LOG).collect()] == [1]
