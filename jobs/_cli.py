@@ -30,8 +30,11 @@ def setup_logging(verbose: bool = False) -> None:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     # PySpark logs every failed SQL statement with its Java trace (as JSON and as text) before raising it; the job
     # reports the error itself in one line (the trace with REPLICA_DEBUG=1).
+    # So does py4j for a batch that raises (the callback's traceback, the Java trace inside it): the query's failure
+    # carries the same error.
     if not local_settings().debug:
         logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL + 1)
+        logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL + 1)
     # py4j logs a retried send on a closed pooled connection to the root logger at INFO, with a traceback.
     for handler in logging.getLogger().handlers:
         handler.addFilter(lambda record: record.levelno >= logging.WARNING or "/py4j/" not in record.pathname)

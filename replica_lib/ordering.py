@@ -35,7 +35,7 @@ class LogOrder:
     topic gained partitions, or two producers partition keys differently) have no order the log can give, and
     ranking them by partition number would put an earlier change over a later one without a word. So every
     comparison of such a table's versions across partitions fails its Spark job instead, with Spark's
-    ``USER_RAISED_EXCEPTION`` and a message naming the key (:func:`refusal`), which
+    ``USER_RAISED_EXCEPTION`` and a message naming the key (:meth:`refusal`), which
     :func:`replica_lib.recovery.key_across_partitions` turns into the replica's error.
     """
 

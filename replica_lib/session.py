@@ -69,13 +69,30 @@ FOLD_POOL = "replica-fold"
 SCHEDULER_SETTINGS = ("spark.scheduler.mode", "spark.scheduler.allocation.file")
 
 
+#: The driver JVM's console log (``resources/log4j2.properties``): Spark's, a record on one line without its stack
+#: trace, unless :attr:`LocalSettings.debug`. ``spark-submit.sh`` starts a local driver with it too.
+CONSOLE_LOG = artifacts.RESOURCES / "log4j2.properties"
+
+
 def scheduler_pools(settings: LocalSettings) -> Path:
-    """:data:`SCHEDULER_POOLS` as a file Spark can read: a package shipped zipped (a cluster job's ``--py-files``)
-    holds it inside the zip, so it is written out to the state folder then."""
-    if SCHEDULER_POOLS.is_file():
-        return SCHEDULER_POOLS
-    text = importlib.resources.files("replica_lib").joinpath("resources", "fairscheduler.xml").read_text()
-    target = settings.state_dir / "spark" / "fairscheduler.xml"
+    """:data:`SCHEDULER_POOLS` as a file Spark can read."""
+    return _resource_file(settings, SCHEDULER_POOLS)
+
+
+def driver_java_options(settings: LocalSettings) -> str:
+    """The driver JVM's options: :data:`JAVA_OPTIONS`, and :data:`CONSOLE_LOG` unless the user asked for traces."""
+    if settings.debug:
+        return JAVA_OPTIONS
+    return f"{JAVA_OPTIONS} -Dlog4j2.configurationFile={_resource_file(settings, CONSOLE_LOG)}"
+
+
+def _resource_file(settings: LocalSettings, resource: Path) -> Path:
+    """A file of ``resources/`` as a file the JVM can read: a package shipped zipped (a cluster job's
+    ``--py-files``) holds it inside the zip, so it is written out to the state folder then."""
+    if resource.is_file():
+        return resource
+    text = importlib.resources.files("replica_lib").joinpath("resources", resource.name).read_text()
+    target = settings.state_dir / "spark" / resource.name
     if not target.is_file() or target.read_text() != text:
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{os.getpid()}")
@@ -107,7 +124,8 @@ def session_conf(settings: LocalSettings, master: str | None, ui: bool) -> dict[
         PYTHON_DEBUGGING: "false",
         KAFKA_CONSUMERS: "1024",
         **CODEGEN_CACHE,
-        **dict.fromkeys(JAVA_OPTIONS_SETTINGS, JAVA_OPTIONS),
+        "spark.driver.defaultJavaOptions": driver_java_options(settings),
+        "spark.executor.defaultJavaOptions": JAVA_OPTIONS,
     }
     if local:
         conf.update(

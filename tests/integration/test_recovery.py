@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from jobs.rebuild import main as rebuild_main
 from replica_dev.conf import replica_doc, write_replica
 from replica_dev.model import LoggedChange
 from replica_lib.batch import BatchHooks, BatchStats
-from replica_lib.config import COPY_ON_WRITE, MERGE_ON_READ, ReplicaConfig, Target, load_replica
+from replica_lib.config import COPY_ON_WRITE, MERGE_ON_READ, PROJECT_ROOT, ReplicaConfig, Target, load_replica
 from replica_lib.errors import (
     CheckpointError,
     ConfigError,
@@ -27,6 +28,7 @@ from replica_lib.errors import (
     PartitionsChangedError,
 )
 from replica_lib.producer import Change, Position, encode_key, encode_value
+from replica_lib.recovery import release_checkpoint
 from replica_lib.stream import run_replica, start_replica
 from replica_lib.target import read_table, tombstone_target
 from replica_lib.topics import TopicAdmin, TopicSpec
@@ -272,6 +274,19 @@ def test_a_key_with_changes_in_two_partitions_stops_a_table_ordered_by_log_posit
     assert f"replica split: {moved}: " in message and "no sequence_by in" in message and "--swap" in message
     if layout == COPY_ON_WRITE:
         assert_matches_model(spark, cfg, before)  # nothing of the refused batch
+        # As the job tells it: one line, and Spark's records of the failure on one line each, no stack trace.
+        release_checkpoint(cfg)  # held by this process since its runs, as a job's is until it exits
+        job = [str(PROJECT_ROOT / "spark-submit.sh"), "jobs/materialize.py", str(cfg.source_file)]
+        ran = subprocess.run(job, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        assert ran.returncode == 2
+        lines = ran.stderr.splitlines()
+        assert lines[-1].startswith(f"error: replica split: {moved}: ")
+        printed = lines + ran.stdout.splitlines()  # the job's own log is on stdout
+        assert [line for line in printed if line.startswith(("\t", "Caused by", "Traceback", "  File "))] == []
+        assert any(
+            " ERROR " in line and f"(org.apache.spark.SparkRuntimeException: [USER_RAISED_EXCEPTION] {moved}" in line
+            for line in lines
+        )
     else:
         base = read_table(spark, cfg.table("orders").target).drop("_src_event_ts")
         assert_df_equality(base, expected_df(spark, cfg, "orders", before), ignore_row_order=True)

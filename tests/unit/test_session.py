@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import replica_lib
 from replica_lib.config import LocalSettings
 from replica_lib.session import (
     _JVM_NOISE,
+    CONSOLE_LOG,
     JAVA_OPTIONS,
     JAVA_OPTIONS_SETTINGS,
     KAFKA_CONSUMERS,
@@ -21,6 +23,7 @@ from replica_lib.session import (
     SCHEDULER_POOLS,
     SNAPSHOT_PARTITIONS,
     _stopped_jvm_noise,
+    driver_java_options,
     launch_own,
     launch_scheduler,
     replica_session,
@@ -169,6 +172,40 @@ def test_the_jit_compiles_methods_of_any_size_unless_the_launch_says_otherwise(s
     assert launch_own(ours, None) == launch_own(ours, {"spark.master": "local[2]"}) == ours
     theirs = {"spark.executor.defaultJavaOptions": "-Xss4m"}  # an administrator's spark-defaults.conf
     assert launch_own(ours, theirs) == {**ours, **theirs}
+
+
+def test_the_drivers_console_log_gives_a_record_one_line_unless_traces_are_asked_for(
+    spark: SparkSession, settings: LocalSettings
+) -> None:
+    """A job that fails says so in one line; Spark's records of the failure on the way are one line each (a
+    message's first line, its exception's), not stack traces. REPLICA_DEBUG starts the driver with Spark's log."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert f"-Dlog4j2.configurationFile={CONSOLE_LOG}" in arguments  # the run's own driver
+    assert driver_java_options(settings) == f"{JAVA_OPTIONS} -Dlog4j2.configurationFile={CONSOLE_LOG}"
+    assert driver_java_options(dataclasses.replace(settings, debug=True)) == JAVA_OPTIONS
+
+    log4j = jvm.org.apache.logging.log4j
+    layout = log4j.LogManager.getContext(False).getConfiguration().getAppender("console").getLayout()
+    failure = jvm.java.lang.RuntimeException("[TASK_WRITE_FAILED] boom\nsecond line", jvm.java.lang.Error("cause"))
+    event = (
+        log4j.core.impl.Log4jLogEvent.newBuilder()
+        .setLoggerName("org.apache.spark.executor.Executor")
+        .setLevel(log4j.Level.ERROR)
+        .setMessage(log4j.message.SimpleMessage("Exception in task 0.0\nat a frame"))
+        .setThrown(failure)
+        .build()
+    )
+    line = layout.toSerializable(event)
+    assert line.endswith(
+        " ERROR Executor: Exception in task 0.0 (java.lang.RuntimeException: [TASK_WRITE_FAILED] boom)\n"
+    )
+    assert line.count("\n") == 1
+    plain = log4j.core.impl.Log4jLogEvent.newBuilder().setLoggerName("org.apache.spark.Some").setLevel(log4j.Level.WARN)
+    assert layout.toSerializable(plain.setMessage(log4j.message.SimpleMessage("no exception")).build()).endswith(
+        " WARN Some: no exception\n"
+    )
 
 
 def test_a_replica_session_keeps_the_snapshot_tasks_its_parent_was_given(spark: SparkSession) -> None:
