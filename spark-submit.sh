@@ -52,12 +52,9 @@ common=(
 )
 [[ -n "$classpath" ]] && common+=(--driver-class-path "$classpath")
 # The JIT compiles methods of any size, in the driver and the executors (replica_lib.session.JAVA_OPTIONS says why).
+# The driver also logs a record on one line, without its stack trace, unless REPLICA_DEBUG asks for traces.
 jit="-XX:-DontCompileHugeMethods"
-driver_options="$jit"
-# The driver logs a record on one line, without its stack trace, unless REPLICA_DEBUG asks for traces
-# (replica_lib.session.driver_java_options).
-debug=$("$PY" -c "from replica_lib.config import local_settings; print(int(local_settings().debug))")
-[[ "$debug" == 0 ]] && driver_options+=" -Dlog4j2.configurationFile=$ROOT/replica_lib/resources/log4j2.properties"
+driver_options=$("$PY" -c "from replica_lib.config import local_settings; from replica_lib.session import driver_java_options; print(driver_java_options(local_settings()))")
 # A driver on this machine maps Spark's classes from an archive (replica_class_archive in scripts/bootstrap.sh),
 # unless jars come before Spark's on its class path (the SQL server's), which the archive's JVM did not have.
 if [[ "$deploy_mode" == client && -z "$classpath" ]]; then
