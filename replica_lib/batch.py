@@ -86,6 +86,8 @@ HOOK_POINTS = ("before_batch", "after_quarantine", "after_tombstones", "after_co
 #: batch's id) in the fold's own thread, beside the batches that follow (see :class:`_Folds`); the compaction of
 #: its tables, which runs in that thread too, passes this point once it has committed.
 FOLD_COMPACTION_POINT = "after_fold_compaction"
+#: The batch id a fold at a run's start (``BatchHandler.fold_pending``) passes to the hooks: it follows no batch.
+AT_START = -1
 
 
 class StopRequested(Exception):
@@ -264,6 +266,18 @@ class BatchHandler:
         self._beside.shutdown(wait=True)
         if self._group_offsets is not None:
             self._group_offsets.close()
+
+    def fold_pending(self, spark: SparkSession) -> None:
+        """Start a fold of the merge-on-read tables that the replica folds, beside the query's start: what a run
+        left pending (a fold that failed, such as one refused by ``log_order_kept``) is folded, or refused, even
+        when no record comes to start a batch. A fold of an empty change log is two small Spark jobs."""
+        due = [self.schemas[t.name] for t in self.cfg.tables if t.merge_on_read and t.fold_every_batches]
+        if due:
+            self._folds.start(spark, due, Compaction(), AT_START, self.hooks.at)
+
+    def fold_failed(self) -> bool:
+        """Whether the last fold beside the batches ended with a failure (which :meth:`wait_for_folds` raises)."""
+        return self._folds.failed()
 
     def wait_for_folds(self) -> None:
         """Wait for the fold in flight, if any; raise what it raised (other than losing a race to another fold)."""
@@ -735,8 +749,9 @@ class _Folds:
     :attr:`retiring`, which the batches' appends take too: Delta refuses a DELETE of its rows when a batch appended
     meanwhile; a partitioned one's retirement takes no lock. A fold is a few seconds of Spark jobs, as long as
     several small batches: run inside a batch, it set the replica's freshness. What a fold raises (other than
-    losing a race to another fold) fails the next batch, before it writes. The compaction of these tables runs
-    here too, after the fold of its turn: no fold can then rewrite the files it packs, and no batch waits for it.
+    losing a race to another fold) fails the next batch, before it writes (``stream.run_replica`` stops at once).
+    The compaction of these tables runs here too, after the fold of its turn: no fold can then rewrite the files it
+    packs, and no batch waits for it.
     """
 
     def __init__(self, replica: str) -> None:
@@ -791,7 +806,8 @@ class _Folds:
     ) -> None:
         for schema in schemas:
             name = schema.table.name
-            label = f"replica {self.replica} fold of {name} (started after batch {batch_id})"
+            after = "at the start" if batch_id == AT_START else f"started after batch {batch_id}"
+            label = f"replica {self.replica} fold of {name} ({after})"
             started = time.monotonic()
             hook = None if at is None else functools.partial(_at, at, batch_id)
             try:
@@ -819,6 +835,10 @@ class _Folds:
         logger.info("%s: compacted %s, in %.1fs", label, done, time.monotonic() - started)
         if at is not None:
             at(FOLD_COMPACTION_POINT, batch_id)
+
+    def failed(self) -> bool:
+        running = self._running
+        return running is not None and running.done() and running.exception() is not None
 
     def check(self) -> None:
         """Raise what the last fold raised, once it has ended."""

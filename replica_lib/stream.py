@@ -106,6 +106,7 @@ def _start(
     once = cfg.trigger.available_now if available_now is None else available_now
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=cfg.trigger.interval)
     handler.prefetch(session)
+    handler.fold_pending(session)
     try:
         query = writer.start()
     except BaseException:
@@ -160,6 +161,8 @@ def run_replica(
     try:
         while query.isActive and not stop.is_set():
             query.awaitTermination(1)
+            if handler.fold_failed():  # it would fail the next batch, which may be long in coming: stop now
+                stop.set()
         if stop.is_set() and query.isActive:
             # The batch in flight finishes; the next one is refused before any write (StopRequested).
             while query.isActive and query.status["isTriggerActive"]:
@@ -169,6 +172,7 @@ def run_replica(
         handler.wait_for_folds()  # and what the last fold beside the batches raised
     except StreamingQueryException as exc:
         if handler.refused is not None:  # the handler refused a batch because a stop was requested
+            handler.wait_for_folds()
             logger.info("replica %s stopped", cfg.name)
             return
         if isinstance(handler.failure, ReplicaError):  # a batch refused to go on, and said why

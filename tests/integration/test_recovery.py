@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import shutil
+import signal
 import subprocess
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -293,6 +297,23 @@ def test_a_key_with_changes_in_two_partitions_stops_a_table_ordered_by_log_posit
         with pytest.raises(PySparkException) as reading:
             replica_df(spark, cfg, "orders").collect()
         assert reading.value.getMessageParameters()["errorMessage"] == moved
+        # Restarted with no record to start a batch: the fold it starts with stops it, both when it drains the log
+        # and ends and when it waits for records (a run that waits on is stopped as by a SIGTERM, and fails).
+        gave_up = threading.Event()
+
+        def give_up() -> None:
+            gave_up.set()
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        for available_now in (True, False):
+            stopping = threading.Timer(RUN_TIMEOUT_S, give_up)
+            stopping.start()
+            try:
+                with pytest.raises(KeyAcrossPartitionsError, match=re.escape(moved)):
+                    run_replica(spark, cfg, available_now=available_now)
+            finally:
+                stopping.cancel()
+            assert not gave_up.is_set(), f"the replica (available-now: {available_now}) ran on past the failed fold"
 
     into = tmp_path / "rebuilt"
     assert rebuild_main([str(cfg.source_file), "--into", str(into)]) != 0
