@@ -2,9 +2,10 @@
 
 Every write is idempotent (``enable.idempotence``, ``acks=all``, at most 5 in flight, so no duplicates and no
 reordering on retry) and keyed by the row's key columns, so one entity always lands in one partition
-(``murmur2_random``: the same partition the Java client picks). Every acknowledged write yields its
-:class:`Position`; a failed delivery raises :class:`ProducerError` (from :meth:`Delivery.result`, and in any
-case from :meth:`ChangeProducer.flush`/:meth:`ChangeProducer.close`): failures never vanish.
+(``murmur2_random``: the same partition the Java client picks). Every acknowledged write yields its exact
+:class:`Position`, also one that librdkafka acknowledges without its offset (the library reads the partition back
+to find it); a failed delivery raises :class:`ProducerError` (from :meth:`Delivery.result`, and in any case from
+:meth:`ChangeProducer.flush`/:meth:`ChangeProducer.close`): failures never vanish.
 
 A transactional producer (``transactional_id=...``) makes a group of writes across partitions and topics
 visible atomically to ``read_committed`` consumers::
@@ -191,6 +192,34 @@ class Position:
     offset: int
 
 
+#: A record as the log holds it, for finding it again: key, value, headers.
+_Record = tuple[bytes | None, bytes | None, tuple[tuple[str, bytes], ...]]
+
+
+def _record_of(msg: Any) -> _Record:
+    return msg.key(), msg.value(), tuple((k, bytes(v or b"")) for k, v in (msg.headers() or ()))
+
+
+@dataclass
+class _Gap:
+    """Acknowledged writes to one partition whose offsets librdkafka did not report.
+
+    An idempotent producer whose request timed out retries it; if a later request to the partition succeeds first,
+    librdkafka acknowledges the earlier writes "implicitly", without offsets (and likewise when a retry hits the
+    broker's duplicate check). They sit in send order after ``after`` (this producer's last known offset in the
+    partition) and before ``before`` (its next known one, or the high watermark when none came yet): reading that
+    range back finds them. Read from the end, each is placed at the latest offset consistent with the log, which
+    is its own unless another record with the same key, value and headers lies between.
+    """
+
+    topic: str
+    partition: int
+    after: int | None
+    before: int | None = None
+    members: list[tuple[Delivery, _Record]] = field(default_factory=list)
+    placed: bool = False
+
+
 class Delivery:
     """The outcome of one send: :meth:`result` gives its :class:`Position` or raises :class:`ProducerError`."""
 
@@ -200,9 +229,14 @@ class Delivery:
         self._done = threading.Event()
         self._position: Position | None = None
         self._error: str | None = None
+        self._gap: _Gap | None = None
 
     def _complete(self, position: Position | None, error: str | None) -> None:
         self._position, self._error = position, error
+        self._done.set()
+
+    def _complete_in(self, gap: _Gap) -> None:
+        self._gap = gap
         self._done.set()
 
     @property
@@ -212,11 +246,53 @@ class Delivery:
     def result(self, timeout_s: float = 30.0) -> Position:
         """Wait for the broker's acknowledgement and return the position (other sends' failures aside)."""
         self._producer._serve_until(self._done, timeout_s)
+        if self._gap is not None and not self._gap.placed:
+            self._producer._place(self._gap, timeout_s)
         if self._error is not None:
             raise ProducerError(f"write to {self.topic} failed: {self._error}", topic=self.topic)
         if self._position is None:
             raise ProducerError(f"write to {self.topic} not acknowledged within {timeout_s}s", topic=self.topic)
         return self._position
+
+
+#: Records read per step when looking for writes acknowledged without their offsets, from the end of the range.
+PLACEMENT_CHUNK = 1000
+#: Seconds between attempts to read a partition back while its leader is unavailable.
+PLACEMENT_RETRY_S = 0.5
+
+
+def _find_from_the_end(consumer: Any, gap: _Gap, start: int, end: int, timeout_s: float) -> list[int | None]:
+    """The offsets of ``gap``'s records in ``[start, end)``: matched from the end, latest first, in send order."""
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    offsets: list[int | None] = [None] * len(gap.members)
+    todo = len(gap.members) - 1
+    while todo >= 0 and end > start:
+        chunk_start = max(start, end - PLACEMENT_CHUNK)
+        consumer.assign([TopicPartition(gap.topic, gap.partition, chunk_start)])
+        chunk: list[tuple[int, _Record]] = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            msg = consumer.poll(max(0.0, min(1.0, deadline - time.monotonic())))
+            if msg is None:
+                if time.monotonic() >= deadline:
+                    raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "reading the partition back timed out"))
+                continue
+            if msg.error() is not None:
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    break
+                raise KafkaException(msg.error())
+            if msg.offset() >= end:
+                break
+            chunk.append((msg.offset(), _record_of(msg)))
+            if msg.offset() == end - 1:
+                break
+        for offset, record in reversed(chunk):
+            if todo >= 0 and record == gap.members[todo][1]:
+                offsets[todo] = offset
+                todo -= 1
+        end = chunk_start
+    return offsets
 
 
 #: A broker that is down fails each connection attempt, several times a second: each kind of transient error is
@@ -264,7 +340,8 @@ class ChangeProducer:
         self.settings = settings or ProducerSettings()
         self._connection = dict(connection)
         conf = self.settings.client_config(self._connection)
-        conf["logger"] = _LibrdkafkaLog()
+        self._librdkafka_log = _LibrdkafkaLog()
+        conf["logger"] = self._librdkafka_log
         conf["error_cb"] = self._on_error
         self._error_log = _ErrorLog()
         try:
@@ -277,6 +354,8 @@ class ChangeProducer:
         self._in_transaction = False
         self._last_seq: OrderedDict[tuple[str, bytes], int] = OrderedDict()
         self._seq_undo: list[tuple[tuple[str, bytes], int | None]] = []  # this transaction's changes to _last_seq
+        self._last_offset: dict[tuple[str, int], int] = {}  # per partition, the last offset acknowledged with one
+        self._open_gaps: dict[tuple[str, int], _Gap] = {}  # per partition, offsets unknown since then
         self._check_reachable()
         if self.settings.transactional_id:
             try:
@@ -378,7 +457,7 @@ class ChangeProducer:
                 self._failures.append(f"{topic}: {reason}")
                 delivery._complete(None, reason)
             else:
-                delivery._complete(Position(msg.topic(), msg.partition(), msg.offset()), None)
+                self._acknowledged(delivery, msg)
 
         while True:
             try:
@@ -424,6 +503,87 @@ class ChangeProducer:
     def write(self, topic: str, change: Change) -> Position:
         """Send one change and wait for its acknowledgement (slow: one round trip; prefer :meth:`send`)."""
         return self.send(topic, change).result(self.settings.delivery_timeout_ms / 1000)
+
+    def _acknowledged(self, delivery: Delivery, msg: Any) -> None:
+        """Record an acknowledgement; librdkafka reports a partition's acknowledgements in log order."""
+        slot = (msg.topic(), msg.partition())
+        offset = msg.offset()
+        if offset is None:
+            gap = self._open_gaps.get(slot)
+            if gap is None:
+                gap = self._open_gaps[slot] = _Gap(slot[0], slot[1], after=self._last_offset.get(slot))
+            gap.members.append((delivery, _record_of(msg)))
+            delivery._complete_in(gap)
+            return
+        gap = self._open_gaps.pop(slot, None)
+        if gap is not None:
+            gap.before = offset
+        self._last_offset[slot] = offset
+        delivery._complete(Position(slot[0], slot[1], offset), None)
+
+    def _place(self, gap: _Gap, timeout_s: float) -> None:
+        """Find the offsets of ``gap``'s writes by reading their partition back (see :class:`_Gap`)."""
+        from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+        # What a partition whose leader is moving (or whose broker is coming back) answers for a while, whether
+        # librdkafka flags it retriable or not.
+        moving = {
+            KafkaError._UNKNOWN_PARTITION,
+            KafkaError._TRANSPORT,
+            KafkaError.UNKNOWN_TOPIC_OR_PART,
+            KafkaError.LEADER_NOT_AVAILABLE,
+            KafkaError.NOT_LEADER_FOR_PARTITION,
+        }
+        if self._open_gaps.get((gap.topic, gap.partition)) is gap:
+            del self._open_gaps[(gap.topic, gap.partition)]  # writes acknowledged later open a gap of their own
+        config = {
+            **self._connection,
+            "group.id": "replica-producer-placement",  # assigned, never subscribed: the group is not joined
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_uncommitted",  # this producer's own open transaction included
+            "logger": self._librdkafka_log,
+        }
+        where = f"{gap.topic} [{gap.partition}]"
+        deadline = time.monotonic() + timeout_s
+        end = gap.before
+        while True:
+            consumer = Consumer(config)  # a new one each time: a client's metadata can hold on to a stale answer
+            try:
+                start = None if gap.after is None else gap.after + 1
+                end = gap.before
+                if start is None or end is None:
+                    low, high = consumer.get_watermark_offsets(TopicPartition(gap.topic, gap.partition), timeout_s)
+                    start = low if start is None else max(low, start)
+                    end = high if end is None else end
+                offsets = _find_from_the_end(consumer, gap, start, end, max(1.0, deadline - time.monotonic()))
+                break
+            except KafkaException as exc:  # e.g. the partition's leader moving: ask again until the deadline
+                error = exc.args[0]
+                transient = error.retriable() or error.code() in moving
+                if transient and time.monotonic() + PLACEMENT_RETRY_S < deadline:
+                    time.sleep(PLACEMENT_RETRY_S)
+                    continue
+                offsets = [None] * len(gap.members)
+                where += f" ({error.str()})"
+                break
+            finally:
+                consumer.close()
+        gap.placed = True
+        searched = "from the log's start" if gap.after is None else f"after offset {gap.after}"
+        if end is not None:
+            searched += f" up to offset {end}"
+        for (delivery, _), offset in zip(gap.members, offsets, strict=True):
+            if offset is None:
+                delivery._complete(
+                    None,
+                    f"acknowledged without its offset, and not found in {where} {searched}: the change is "
+                    "written, but its position is unknown",
+                )
+            else:
+                delivery._complete(Position(gap.topic, gap.partition, offset), None)
+        found = [o for o in offsets if o is not None]
+        logger.info("%d write(s) to %s acknowledged without their offsets were found at %s", len(found), where, found)
 
     # ------------------------------------------------------------------ transactions
     @contextlib.contextmanager

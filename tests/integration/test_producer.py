@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -11,9 +14,18 @@ from dataclasses import dataclass
 import pytest
 from confluent_kafka import Consumer
 
-from replica_dev.embedded_kafka import free_port
+from replica_dev.embedded_kafka import EmbeddedKafka, free_port
 from replica_lib.errors import LateChangeError, ProducerError
-from replica_lib.producer import Change, ChangeProducer, Position, ProducerSettings, encode_key, encode_value
+from replica_lib.producer import (
+    Change,
+    ChangeProducer,
+    Delivery,
+    Position,
+    ProducerSettings,
+    _Gap,
+    encode_key,
+    encode_value,
+)
 from replica_lib.topics import TopicAdmin, TopicSpec
 
 pytestmark = pytest.mark.integration
@@ -345,6 +357,108 @@ def test_result_sends_a_lingering_write_at_once(connection: dict[str, str], topi
     assert time.monotonic() - started < 20
     assert position == Position(topic, 0, 0)
     producer.close()
+
+
+class _Seen(logging.Handler):
+    """Sets ``event`` when librdkafka logs ``facility``."""
+
+    def __init__(self, facility: str) -> None:
+        super().__init__(level=1)
+        self.facility, self.event = facility, threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.args and isinstance(record.args, tuple) and record.args[0] == self.facility:
+            self.event.set()
+
+
+def test_a_write_acknowledged_without_its_offset_still_gets_its_exact_position(
+    kafka: EmbeddedKafka, connection: dict[str, str], topic_factory: TopicFactory
+) -> None:
+    """librdkafka acknowledges a timed-out request's writes without offsets when a later request succeeds first."""
+    topic = topic_factory(partitions=1)
+    # Requests time out after 8 s; with socket.max.fails=0 the connection stays up, so a later request can succeed.
+    settings = ProducerSettings(extra=(("socket.timeout.ms", "8000"), ("socket.max.fails", "0")))
+    producer = ChangeProducer(connection, settings)
+    first = producer.write(topic, Change(key={"id": 0}, data={"id": 0}))
+    timed_out = _Seen("REQTMOUT")
+    librdkafka_log = logging.getLogger("replica_lib.producer.librdkafka")
+    librdkafka_log.addHandler(timed_out)
+    level = librdkafka_log.level
+    librdkafka_log.setLevel(1)
+    a_change, b_change = Change(key={"id": 1}, data={"id": 1}), Change(key={"id": 2}, data={"id": 2})
+    assert kafka.pid is not None
+    os.kill(kafka.pid, signal.SIGSTOP)  # the broker hears nothing and answers nothing
+    try:
+        a = producer.send(topic, a_change)
+        # Not a synchronisation: the two requests are sent 4 s apart so that only the first has timed out when
+        # the broker answers both.
+        time.sleep(4)
+        b = producer.send(topic, b_change)
+        deadline = time.monotonic() + 30
+        while not timed_out.event.is_set():  # librdkafka's log reaches Python only while the producer is polled
+            assert time.monotonic() < deadline, "the first request never timed out"
+            producer._producer.poll(0.2)
+    finally:
+        os.kill(kafka.pid, signal.SIGCONT)
+        librdkafka_log.removeHandler(timed_out)
+        librdkafka_log.setLevel(level)
+    a_position, b_position = a.result(), b.result()
+    producer.close()
+
+    assert a._gap is not None, "a was acknowledged with its offset: the case under test did not happen"
+    assert a_position == Position(topic, 0, first.offset + 1)
+    assert b_position == Position(topic, 0, first.offset + 2)
+    records = consume(connection, [topic], has_all([a_position, b_position]))
+    assert (records[a_position].key, records[a_position].value) == (encode_key(a_change.key), encode_value(a_change))
+    assert (records[b_position].key, records[b_position].value) == (encode_key(b_change.key), encode_value(b_change))
+
+
+def test_writes_acknowledged_without_offsets_are_placed_among_other_producers_records(
+    connection: dict[str, str], topic_factory: TopicFactory
+) -> None:
+    topic = topic_factory(partitions=1)
+    ours, theirs = ChangeProducer(connection), ChangeProducer(connection)
+
+    def write(producer: ChangeProducer, change: Change) -> int:
+        return producer.write(topic, change).offset
+
+    same = Change(key={"id": 7}, data={"id": 7, "v": "same"})
+    before = write(ours, Change(key={"id": 1}, data={"id": 1}))
+    write(theirs, same)  # the same bytes as one of ours, before it
+    x = write(ours, Change(key={"id": 2}, data={"id": 2}))
+    write(theirs, Change(key={"id": 2}, data={"id": 2, "v": "theirs"}))
+    y = write(ours, same)
+    write(theirs, same)  # the same bytes again, after ours
+    z = write(ours, Change(key={"id": 3}, op="delete", tombstone=True))
+    after = write(ours, Change(key={"id": 4}, data={"id": 4}))
+    copy = write(theirs, Change(key={"id": 2}, data={"id": 2}))  # the same bytes as x, after this producer's next
+
+    def placed(members: list[Change], after_offset: int | None, before_offset: int | None) -> list[Position]:
+        gap = _Gap(topic, 0, after=after_offset, before=before_offset)
+        deliveries = [Delivery(ours, topic) for _ in members]
+        for delivery, change in zip(deliveries, members, strict=True):
+            gap.members.append((delivery, (encode_key(change.key), encode_value(change), ())))
+            delivery._complete_in(gap)
+        return [d.result() for d in deliveries]
+
+    x_change, tombstone = Change(key={"id": 2}, data={"id": 2}), Change(key={"id": 3}, op="delete", tombstone=True)
+    # Between this producer's known neighbours, each write is found where it is, other producers' records between.
+    assert [p.offset for p in placed([x_change, tombstone], before, after)] == [x, z]
+    # A write whose bytes another producer wrote again later is placed at the latest copy: never before its own.
+    assert [p.offset for p in placed([x_change, same, tombstone], before, after)] == [x, y + 1, z]
+    # The next known offset bounds the range; with none yet, the high watermark does, and a later copy is taken.
+    assert [p.offset for p in placed([x_change], before, after)] == [x]
+    assert [p.offset for p in placed([x_change], before, None)] == [copy]
+    # With no earlier known offset (the first write to the partition), the range starts at the log's start.
+    assert [p.offset for p in placed([Change(key={"id": 1}, data={"id": 1}), x_change], None, y)] == [before, x]
+    # A write that is not in the range is an error that says so, not a position.
+    with pytest.raises(ProducerError, match="acknowledged without its offset, and not found"):
+        placed([Change(key={"id": 9}, data={"id": 9})], before, after)
+    # Its bytes are only before the range.
+    with pytest.raises(ProducerError, match="acknowledged without its offset, and not found"):
+        placed([Change(key={"id": 1}, data={"id": 1})], x, after)
+    ours.close()
+    theirs.close()
 
 
 def test_a_lower_seq_after_a_higher_one_is_refused_before_it_is_written(
