@@ -317,7 +317,11 @@ def _native_parse(data: T.StructType | None) -> tuple[tuple[Step, ...], Column]:
     typed = F.col("_typed")
     # A record the typed parse proves plain skips the strict parse (with its checks, the dearer half of the decode).
     plain = F.col("_plain")
+    # Each DECIMAL value's text, once: the checks of the plain value read it several times, under conditions that keep
+    # Spark from computing it once for them.
+    numbers = [_with(_number_column(i), _number_text(text, f.name)) for i, f in _plain_decimals(data)]
     proof = (
+        *numbers,
         _with("_plain", _plain_value(text, typed, data)),
         _with("_strict", F.when(~plain, _strict(text))),
         _with("_single", F.when(plain, F.lit(True)).otherwise(single)),
@@ -401,11 +405,15 @@ def _plain_value(text: Column, typed: Column, data: T.StructType) -> Column:
     ]
     temporal = [row[f.name] for f in data.fields if logical.is_date_or_time(f.dataType)]
     # A DECIMAL column's value must be a number, or a string holding one as JSON writes it: Spark reads any string.
+    # And Spark rounds one with more fraction digits than the column's scale: only the text tells.
     strings += [
         row[f.name].isNull()
-        | (F.lit(f.name not in _ENVELOPE_FIELDS) & (_given_as_number(text, f.name) | _number_string(text, f.name)))
-        for f in data.fields
-        if isinstance(f.dataType, T.DecimalType)
+        | (
+            F.lit(f.name not in _ENVELOPE_FIELDS)
+            & (_given_as_number(text, f.name) | _number_string(text, f.name))
+            & _exact_in_scale(F.col(_number_column(i)), _scale(f))
+        )
+        for i, f in _plain_decimals(data)
     ]
     checks = [
         typed.isNotNull(),
@@ -472,6 +480,39 @@ def _number_string(text: Column, name: str) -> Column:
     """Whether a field ``name`` of ``text`` is a string holding a JSON number (``"12.50"``); exact in a plain value,
     whose only ``"name":`` is the field's own."""
     return F.coalesce(text.rlike(_field_value(name) + '"' + logical.NUMBER_TEXT.strip("^$") + '"'), F.lit(False))
+
+
+def _plain_decimals(data: T.StructType) -> list[tuple[int, T.StructField]]:
+    """The DECIMAL columns of ``data``, numbered, where a record of it can be plain (see :func:`_plain_value`)."""
+    if not all(isinstance(f.dataType, T.AtomicType) for f in data.fields):
+        return []
+    return [(i, f) for i, f in enumerate(data.fields) if isinstance(f.dataType, T.DecimalType)]
+
+
+def _scale(field: T.StructField) -> int:
+    assert isinstance(field.dataType, T.DecimalType)
+    return field.dataType.scale
+
+
+def _number_column(i: int) -> str:
+    return f"_number_{i}"
+
+
+def _exact_in_scale(number_text: Column, scale: int) -> Column:
+    """Whether a number's text (null: not found) holds a value a DECIMAL of ``scale`` keeps without rounding."""
+    return F.when(number_text.isNull(), F.lit(False)).otherwise(~logical.beyond_scale(number_text, scale))
+
+
+def _number_text(text: Column, name: str) -> Column:
+    """The text of a field ``name``'s value that is a number or a string holding one, without its quotes; null where
+    the spelling ``"name":`` is not found (the record then takes the strict parse). Exact in a plain value, as
+    :func:`_given_as_number`: the name is there once, and a number ends at the next ``,`` or ``}``.
+
+    By bytes only: ``substring_index`` finds a text as bytes, where ``instr`` and ``substr`` count characters.
+    """
+    rest = F.substring_index(text, f'"{name}":', -1)
+    value = F.substring_index(F.substring_index(rest, ",", 1), "}", 1)
+    return F.when(F.octet_length(rest) < F.octet_length(text), F.translate(value, ' "\t\n\r', ""))
 
 
 def _native_error(route_error: Column) -> Column:
@@ -742,12 +783,16 @@ def _typed_key_and_data(present: frozenset[str], schema: TableSchema) -> tuple[S
     key_text = F.col("_key").cast("string")
     data_struct = F.col("_d")
     data_strict = F.try_parse_json(F.col("_data_json"))
+    # Each DECIMAL value's text, once: the checks read it several times, under conditions that keep Spark from
+    # computing it once for them.
+    decimals = [(i, f) for i, f in enumerate(schema.data.fields) if isinstance(f.dataType, T.DecimalType)]
+    texts = {f.name: F.col(f"_decimal_{i}") for i, f in decimals}
     bad_columns = F.concat_ws(
         ", ",
         *[
             F.when(
-                _mistyped(f, data_struct, data_strict, _connect(present, schema), schema.table.format),
-                _bad_column(f, _connect(present, schema)),
+                _mistyped(f, data_struct, data_strict, _connect(present, schema), schema.table.format, texts),
+                _bad_column(f, _connect(present, schema), texts),
             )
             for f in schema.data.fields
         ],
@@ -770,12 +815,18 @@ def _typed_key_and_data(present: frozenset[str], schema: TableSchema) -> tuple[S
             for f in schema.data.fields
             if isinstance(f.dataType, T.DecimalType) and schema.table.format == "native"
         ]
+        + [
+            # a DECIMAL's number (or string of one) that Spark rounded to the column's scale
+            data_struct[f.name].isNotNull() & _rounded(f.dataType, texts[f.name])
+            for _, f in decimals
+        ]
         + [_nested_mismatch(f.dataType, _member(F.col(ROW), f.name)) for f in schema.data.fields if _nests(f.dataType)],
         data_struct["_corrupt"].isNotNull(),
     )
     return (
         _with("_k", _key(present, schema)),
         _with("_d", _data(present, schema)),
+        *[_with(f"_decimal_{i}", _value_text(F.col(ROW), f.name)) for i, f in decimals],
         # Before the key's checks, so that Spark projects it with them, apart from the parses around them.
         _with("_bad", F.when((F.col("_op") == "upsert") & suspect, bad_columns)),
         _with("_key_plain", _plain_key(key_text, F.col("_k"), keys)),
@@ -838,6 +889,11 @@ def _key_checks(schema: TableSchema) -> list[tuple[Column, Column | str]]:
             & logical.malformed(f.dataType, F.get_json_object(F.col("_key_json"), logical.member(f.name)))
             for f in schema.key_schema.fields
             if logical.is_date_or_time(f.dataType) and schema.table.format == "native"
+        ]
+        + [  # a native DECIMAL Spark rounded to the column's scale: two keys would be one
+            key_struct[f.name].isNotNull() & _rounded(f.dataType, _value_text(key_strict, f.name))
+            for f in schema.key_schema.fields
+            if isinstance(f.dataType, T.DecimalType) and schema.table.format == "native"
         ]
         + [  # a Debezium date or time that neither its logical type nor its form converts
             key_struct[f.name].isNull() & F.get_json_object(F.col("_key_json"), logical.member(f.name)).isNotNull()
@@ -937,6 +993,7 @@ def _data(present: frozenset[str], schema: TableSchema) -> Column:
         return _by_logical_types(F.col("_data_json"), schema.data, by_schema, connect)
     parsed = F.from_json(F.col("_data_json"), _with_corrupt(schema.data), _PERMISSIVE)
     name = typed_data_column(schema.table.name)
+    typed = None
     if name in present:
         typed = F.col(f"`{name}`")
         fields = [typed[f.name].alias(f.name) for f in schema.data.fields]
@@ -944,11 +1001,29 @@ def _data(present: frozenset[str], schema: TableSchema) -> Column:
         parsed = F.when(typed.isNotNull(), F.struct(*fields, none)).otherwise(parsed)
     if not special:
         return parsed
+    exact = F.col(ROW) if typed is None else F.when(typed.isNull(), F.col(ROW))
     values = [
-        (logical.converted(f, parsed[f.name]) if f in special else parsed[f.name]).alias(f.name)
+        (
+            _exact_decimal(f, parsed[f.name], exact)
+            if isinstance(f.dataType, T.DecimalType)
+            else logical.converted(f, parsed[f.name])
+            if f in special
+            else parsed[f.name]
+        ).alias(f.name)
         for f in schema.data.fields
     ]
     return F.struct(*values, parsed["_corrupt"].alias("_corrupt"))
+
+
+def _exact_decimal(field: T.StructField, parsed: Column, row: Column) -> Column:
+    """A row's DECIMAL value: as the typed parse of the record read it, or else from ``row``, its strict parse.
+
+    ``_data_json`` (the untyped parse's text) holds a number with a fraction or an exponent as a double writes it,
+    with 17 digits (``1.00000000000000000001`` is ``1.0`` there); the strict parse keeps one of up to 38 digits
+    without an exponent as sent. Where there is neither (no typed parse, no strict one), the parse of ``_data_json``.
+    """
+    exact = F.try_variant_get(row, logical.member(field.name), field.dataType.simpleString())
+    return F.when(row.isNotNull(), exact).otherwise(parsed)
 
 
 def _count(text: Column, char: str) -> Column:
@@ -997,11 +1072,14 @@ _TEMPORAL_EXAMPLES: dict[type[T.DataType], str] = {
 }
 
 
-def _bad_column(field: T.StructField, connect: Column | None) -> Column:
+def _bad_column(field: T.StructField, connect: Column | None, texts: dict[str, Column]) -> Column:
     """How a mistyped column is named in the reason: its type, and for a number or a string not of the column's form
-    in a TIMESTAMP or DATE column that no schema gives a unit, why."""
+    in a TIMESTAMP or DATE column that no schema gives a unit, or a number a DECIMAL column would round, why."""
     kind = field.dataType.simpleString()
     plain = F.lit(f"{field.name} ({kind})")
+    if isinstance(field.dataType, T.DecimalType):
+        rounded = _rounded(field.dataType, texts[field.name])
+        return F.when(rounded, F.lit(f"{field.name} ({kind}, {logical.BEYOND_SCALE})")).otherwise(plain)
     if not logical.is_date_or_time(field.dataType):
         return plain
     example = _TEMPORAL_EXAMPLES[type(field.dataType)]
@@ -1033,7 +1111,12 @@ def _infinite(value: Column) -> Column:
 
 
 def _mistyped(
-    field: T.StructField, data_struct: Column, data_strict: Column, connect: Column | None, data_format: str
+    field: T.StructField,
+    data_struct: Column,
+    data_strict: Column,
+    connect: Column | None,
+    data_format: str,
+    texts: dict[str, Column],
 ) -> Column:
     """Whether the data's value for ``field`` does not have the column's type (Spark read it as null, turned a
     non-string into a STRING other than a time of day its schema gives a unit, overflowed a floating column to
@@ -1041,10 +1124,13 @@ def _mistyped(
     value the contract refuses)."""
     value = data_struct[field.name]
     present = F.get_json_object(F.col("_data_json"), logical.member(field.name)).isNotNull()
-    if isinstance(field.dataType, T.DecimalType) and data_format == "native":
+    if isinstance(field.dataType, T.DecimalType):
+        rounded = value.isNotNull() & _rounded(field.dataType, texts[field.name])
+        if data_format != "native":
+            return (present & value.isNull()) | rounded
         text = logical.wire(field.name)
         as_string = value.isNotNull() & _is_string(data_strict, logical.member(field.name)) & ~logical.is_number(text)
-        return (present & value.isNull()) | as_string
+        return (present & value.isNull()) | as_string | rounded
     if isinstance(field.dataType, T.StringType):
         coerced = _looks_coerced(value) & _not_string(data_strict, logical.member(field.name))
         if connect is not None:
@@ -1055,6 +1141,19 @@ def _mistyped(
     if _nests(field.dataType):
         return (present & value.isNull()) | _nested_mismatch(field.dataType, _member(data_strict, field.name))
     return present & value.isNull()
+
+
+def _rounded(data_type: T.DataType, text: Column) -> Column:
+    """Whether ``text``, a value's text, is a number (or a string of one) that Spark rounds into a DECIMAL of
+    ``data_type``'s scale."""
+    assert isinstance(data_type, T.DecimalType)
+    return logical.is_number(text) & logical.beyond_scale(text, data_type.scale)
+
+
+def _value_text(strict: Column, name: str) -> Column:
+    """The text of field ``name`` of ``strict`` (a JSON object, a variant: a number as sent, unlike ``_data_json``,
+    up to 38 digits without an exponent)."""
+    return F.try_variant_get(strict, logical.member(name), "string")
 
 
 #: The largest magnitude a JSON number may have to be read into a FLOAT: 2^128 - 2^103, from which Java's float
@@ -1096,7 +1195,7 @@ def _nested_mismatch(data_type: T.DataType, value: Column) -> Column:
     elif isinstance(data_type, T.DoubleType):
         bad = ~number | _infinite(F.try_variant_get(value, "$", "double"))
     elif isinstance(data_type, T.DecimalType):
-        bad = ~number & ((kind != "STRING") | ~logical.is_number(text))
+        bad = (~number & ((kind != "STRING") | ~logical.is_number(text))) | logical.beyond_scale(text, data_type.scale)
     elif logical.is_date_or_time(data_type):
         bad = (kind != "STRING") | logical.malformed(data_type, text)
     else:

@@ -116,6 +116,33 @@ def is_number(text: Column) -> Column:
     return F.coalesce(text.rlike(NUMBER_TEXT), F.lit(False))
 
 
+#: Why a DECIMAL column refuses a value with non-zero digits past its scale.
+BEYOND_SCALE = "more fraction digits than its scale: it would be rounded"
+
+
+def beyond_scale(text: Column, scale: int) -> Column:
+    """Whether ``text``, a number as JSON writes it (``-12.5``, ``1.25e1``; or a string holding one), has a non-zero
+    digit past ``scale`` fraction digits, which Spark rounds away in a DECIMAL of that scale; false where ``text`` is
+    null, true for an exponent too large to read. Other text gives an answer of no meaning: test it apart.
+
+    Without a regular expression. Without an exponent, the fraction's digits past the scale; with one, the mantissa's
+    digits from where the exponent puts the first digit past the scale.
+    """
+    past = F.substr(F.substring_index(text, ".", -1), F.lit(scale + 1))
+    plain = text.contains(".") & (F.translate(past, "0", "") != "")
+    lower = F.lower(text)
+    exponent = F.substring_index(lower, "e", -1).try_cast("bigint")
+    mantissa = F.translate(F.substring_index(lower, "e", 1), "-", "")
+    digits = F.translate(mantissa, ".", "")
+    # Digit i (from 1) of ``digits`` is fraction digit i - (digits before the point) - exponent.
+    first_past = F.length(F.substring_index(mantissa, ".", 1)) + exponent + scale + 1
+    scaled = F.substr(digits, F.least(F.greatest(first_past, F.lit(1)), F.length(digits) + 1).cast("int"))
+    exponential = F.coalesce(F.translate(scaled, "0", "") != "", F.lit(True))
+    return (
+        F.when(text.isNull(), F.lit(False)).when(text.contains("e") | text.contains("E"), exponential).otherwise(plain)
+    )
+
+
 def malformed(data_type: T.DataType, text: Column) -> Column:
     """Whether ``text`` (a JSON value's text) is there and not one a DATE, TIMESTAMP or TIMESTAMP_NTZ column of
     ``data_type`` takes (see :data:`_TEMPORAL_TEXT`); false for a column of another type."""

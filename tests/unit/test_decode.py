@@ -877,6 +877,9 @@ def test_debezium_values_are_converted_by_their_logical_type_and_never_guessed(s
         ),
         record({"id": 11}, dbz("u", None, {**row, "id": 11, "note": "__debezium_unavailable_value"}), 10, topic="dbz"),
         record({"id": 12}, dbz("c", None, {**row, "id": 12, "day": DAY_COUNT}), 11, topic="dbz"),
+        # A DECIMAL as a string (decimal.handling.mode = string) is not rounded to its column's scale.
+        record({"id": 13}, dbz("c", None, {**row, "id": 13, "price": "12.345"}), 12, topic="dbz"),
+        record({"id": 14}, dbz("c", None, {**row, "id": 14, "price": "12.340"}), 13, topic="dbz"),
     ]
     changes_df = decode_table(spark, cfg, rows, "events")
 
@@ -892,6 +895,7 @@ def test_debezium_values_are_converted_by_their_logical_type_and_never_guessed(s
             "REPLICA IDENTITY FULL on the source table, see the README's Debezium settings)",
         ),
         (11, f"data does not match the table schema: day (date, {unit_less})"),
+        (12, f"data does not match the table schema: price (decimal(10,2), {logical.BEYOND_SCALE})"),
     ]
     got = {
         r["id"]: r
@@ -899,7 +903,8 @@ def test_debezium_values_are_converted_by_their_logical_type_and_never_guessed(s
         .select("id", F.unix_micros("at").alias("at"), "at_local", "day", "price", "ratio")
         .collect()
     }
-    assert sorted(got) == [1, 2, 3, 4, 5, 6]
+    assert sorted(got) == [1, 2, 3, 4, 5, 6, 14]
+    assert str(got[14]["price"]) == "12.34"
     assert got[1]["at"] == AT_MICROS and got[1]["at_local"] == AT
     assert str(got[1]["day"]) == "2024-05-06"
     assert (str(got[1]["price"]), str(got[1]["ratio"])) == ("123.45", "-1234.56700")
@@ -1212,6 +1217,81 @@ def test_a_native_decimal_takes_numbers_and_strings_that_hold_one(spark: SparkSe
     assert {offset: got[offset]["amount"] for offset in got} == {o: want for o, (_, want) in enumerate(texts) if want}
 
 
+EXACT_SCHEMA = "id BIGINT, amount DECIMAL(10,2), big DECIMAL(38,20)"
+BEYOND = "more fraction digits than its scale: it would be rounded"
+#: A DECIMAL value as JSON text, and the value it is kept as (None: refused, with the reason's words).
+EXACT_TEXTS = [
+    ("amount", "12.5", "12.50"),
+    ("amount", "12.500", "12.50"),  # zeros beyond the scale change nothing
+    ("amount", "-0.000", "0.00"),
+    ("amount", "1.25e1", "12.50"),
+    ("amount", "1200e-2", "12.00"),
+    ("amount", '"1.2300E+1"', "12.30"),
+    ("amount", "12.345", None),  # Spark: 12.35
+    ("amount", "12.3450", None),
+    ("amount", '"12.345"', None),
+    ("amount", "1E-7", None),  # Spark: 0.00
+    ("amount", "1.2345e1", None),
+    ("amount", '"-5e-3"', None),
+    ("big", "1.00000000000000000001", "1.00000000000000000001"),  # beyond a double's 17 digits
+    ("big", "123456789012345678.12345678901234567891", "123456789012345678.12345678901234567891"),
+    ("big", '"0.00000000000000000001"', "0.00000000000000000001"),
+    ("big", "1.000000000000000000001", None),  # Spark: 1.00000000000000000000
+    ("amo\\u0075nt", "12.345", None),  # a name written with an escape: not a plain record, read strictly
+    ("amo\\u0075nt", "12.340", "12.34"),
+]
+
+
+@pytest.mark.parametrize("layout", ["one table", "two tables"])
+def test_a_native_decimal_is_kept_exactly_or_refused(spark: SparkSession, layout: str) -> None:
+    """A DECIMAL value is the number sent, to its last digit, or the record is quarantined: Spark rounds one with
+    more fraction digits than the column's scale to the scale, and an untyped read goes through a double, which keeps
+    17 digits; on the typed path of a one-table topic (plain records: without a strict parse) and the untyped path of
+    two tables."""
+    events = {"topic": "ev", "keys": ["id"], "schema": EXACT_SCHEMA}
+    tables = {"events": events} if layout == "one table" else {"events": events, "other": events}
+    cfg = replica(tables)
+    table = "" if layout == "one table" else '"table": "events", '
+
+    def value(column: str, text: str) -> bytes:
+        return ('{"seq": 1, "op": "upsert", ' + table + '"data": {"id": 1, "' + column + '": ' + text + "}}").encode()
+
+    rows = [record({"id": 1}, value(c, text), offset, "ev") for offset, (c, text, _) in enumerate(EXACT_TEXTS)]
+    changes_df = decode_table(spark, cfg, rows, "events")
+    types = {f.name: f.dataType.simpleString() for f in table_schema(cfg.tables[0], "test.toml").data.fields}
+    named = [(column.replace("\\u0075", "u"), want) for column, _, want in EXACT_TEXTS]
+    assert errors(changes_df) == [
+        (offset, f"data does not match the table schema: {column} ({types[column]}, {BEYOND})")
+        for offset, (column, want) in enumerate(named)
+        if want is None
+    ]
+    columns = [F.col(c).cast("string").alias(c) for c in types]
+    got = {r["_offset"]: r for r in decode.valid(changes_df).select("_offset", *columns).collect()}
+    assert {offset: got[offset][column] for offset, (column, want) in enumerate(named) if want} == {
+        offset: want for offset, (_, want) in enumerate(named) if want
+    }
+
+
+def test_a_decimal_key_is_kept_exactly_or_refused(spark: SparkSession) -> None:
+    """Two keys that differ beyond the key column's scale would be one row; such a key is refused instead."""
+    cfg = replica({"t": {"topic": "t", "keys": ["k"], "schema": "k DECIMAL(10,2), v BIGINT"}})
+    texts = [("1.25", "1.25"), ("1.250", "1.25"), ("1.251", None), ('"1.259"', None), ("125e-2", "1.25")]
+    rows = [
+        record(('{"k": ' + text + "}").encode(), (b'{"op": "upsert", "data": {"k": 1.25, "v": 1}}'), o, "t")
+        for o, (text, _) in enumerate(texts)
+    ]
+    changes_df = decode_table(spark, cfg, rows, "t")
+    assert errors(changes_df) == [
+        (o, "key has a column of the wrong type (expected k decimal(10,2))")
+        for o, (_, want) in enumerate(texts)
+        if not want
+    ]
+    got = {
+        r["_offset"]: r["k"] for r in decode.valid(changes_df).select("_offset", F.col("k").cast("string")).collect()
+    }
+    assert got == {o: want for o, (_, want) in enumerate(texts) if want}
+
+
 NESTED_SCHEMA = (
     "id BIGINT, tags ARRAY<STRING>, days ARRAY<DATE>, at ARRAY<TIMESTAMP>, attrs MAP<STRING, STRING>, "
     "prices MAP<STRING, DECIMAL(5,2)>, point STRUCT<x: DOUBLE, y: FLOAT, n: INT, ok: BOOLEAN>, "
@@ -1234,6 +1314,9 @@ NESTED_TEXTS = [
     ("attrs", '{"a": 1}', None),  # Spark: "1"
     ("prices", '{"a": "12.5", "b": 7}', "{a -> 12.50, b -> 7.00}"),
     ("prices", '{"a": "+5"}', None),  # Spark: 5.00
+    ("prices", '{"a": 12.345}', None),  # Spark: 12.35
+    ("prices", '{"a": "0.001", "b": 1}', None),  # Spark: 0.00
+    ("prices", '{"a": 12.340, "b": "1e1"}', "{a -> 12.34, b -> 10.00}"),
     ("point", '{"x": 1, "y": -1.5, "n": 7, "ok": true, "extra": [1]}', "{1.0, -1.5, 7, true}"),
     ("point", '{"y": 1e300}', None),  # Spark: infinity
     ("point", '{"x": 1e400}', None),
