@@ -1120,8 +1120,8 @@ def _mistyped(
 ) -> Column:
     """Whether the data's value for ``field`` does not have the column's type (Spark read it as null, turned a
     non-string into a STRING other than a time of day its schema gives a unit, overflowed a floating column to
-    infinity, read into a native row's DECIMAL a string that is not a number as JSON writes it, or took a nested
-    value the contract refuses)."""
+    infinity, read into a native row's DECIMAL a string that is not a number as JSON writes it, rounded a number into
+    a DECIMAL, or took a nested value the contract refuses)."""
     value = data_struct[field.name]
     present = F.get_json_object(F.col("_data_json"), logical.member(field.name)).isNotNull()
     if isinstance(field.dataType, T.DecimalType):

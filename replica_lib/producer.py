@@ -230,6 +230,7 @@ class Delivery:
         self._position: Position | None = None
         self._error: str | None = None
         self._gap: _Gap | None = None
+        self._unplaced: str | None = None  # where an offset not reported was looked for in vain
 
     def _complete(self, position: Position | None, error: str | None) -> None:
         self._position, self._error = position, error
@@ -248,6 +249,12 @@ class Delivery:
         self._producer._serve_until(self._done, timeout_s)
         if self._gap is not None and not self._gap.placed:
             self._producer._place(self._gap, timeout_s)
+        if self._unplaced is not None:
+            raise ProducerError(
+                f"write to {self.topic} was acknowledged without its offset, and not found in {self._unplaced}: "
+                "the change is written, but its position is unknown",
+                topic=self.topic,
+            )
         if self._error is not None:
             raise ProducerError(f"write to {self.topic} failed: {self._error}", topic=self.topic)
         if self._position is None:
@@ -575,11 +582,7 @@ class ChangeProducer:
             searched += f" up to offset {end}"
         for (delivery, _), offset in zip(gap.members, offsets, strict=True):
             if offset is None:
-                delivery._complete(
-                    None,
-                    f"acknowledged without its offset, and not found in {where} {searched}: the change is "
-                    "written, but its position is unknown",
-                )
+                delivery._unplaced = f"{where} {searched}"
             else:
                 delivery._complete(Position(gap.topic, gap.partition, offset), None)
         found = [o for o in offsets if o is not None]

@@ -1217,6 +1217,24 @@ def test_a_native_decimal_takes_numbers_and_strings_that_hold_one(spark: SparkSe
     assert {offset: got[offset]["amount"] for offset in got} == {o: want for o, (_, want) in enumerate(texts) if want}
 
 
+def decode_values(
+    spark: SparkSession, layout: str, schema: str, values: list[tuple[str, str]]
+) -> tuple[DataFrame, dict[str, str]]:
+    """One upsert per (column, JSON text) of ``values``, at offsets 0, 1, …, into a table of ``schema`` on a topic of
+    its own (``layout`` "one table": the typed path) or of two tables (the untyped path); the decoded changes, and
+    each column's type as a reason names it."""
+    events = {"topic": "ev", "keys": ["id"], "schema": schema}
+    cfg = replica({"events": events} if layout == "one table" else {"events": events, "other": events})
+    table = "" if layout == "one table" else '"table": "events", '
+
+    def value(column: str, text: str) -> bytes:
+        return ('{"seq": 1, "op": "upsert", ' + table + '"data": {"id": 1, "' + column + '": ' + text + "}}").encode()
+
+    rows = [record({"id": 1}, value(column, text), offset, "ev") for offset, (column, text) in enumerate(values)]
+    types = {f.name: f.dataType.simpleString() for f in table_schema(cfg.tables[0], "test.toml").data.fields}
+    return decode_table(spark, cfg, rows, "events"), types
+
+
 EXACT_SCHEMA = "id BIGINT, amount DECIMAL(10,2), big DECIMAL(38,20)"
 BEYOND = "more fraction digits than its scale: it would be rounded"
 #: A DECIMAL value as JSON text, and the value it is kept as (None: refused, with the reason's words).
@@ -1248,17 +1266,7 @@ def test_a_native_decimal_is_kept_exactly_or_refused(spark: SparkSession, layout
     more fraction digits than the column's scale to the scale, and an untyped read goes through a double, which keeps
     17 digits; on the typed path of a one-table topic (plain records: without a strict parse) and the untyped path of
     two tables."""
-    events = {"topic": "ev", "keys": ["id"], "schema": EXACT_SCHEMA}
-    tables = {"events": events} if layout == "one table" else {"events": events, "other": events}
-    cfg = replica(tables)
-    table = "" if layout == "one table" else '"table": "events", '
-
-    def value(column: str, text: str) -> bytes:
-        return ('{"seq": 1, "op": "upsert", ' + table + '"data": {"id": 1, "' + column + '": ' + text + "}}").encode()
-
-    rows = [record({"id": 1}, value(c, text), offset, "ev") for offset, (c, text, _) in enumerate(EXACT_TEXTS)]
-    changes_df = decode_table(spark, cfg, rows, "events")
-    types = {f.name: f.dataType.simpleString() for f in table_schema(cfg.tables[0], "test.toml").data.fields}
+    changes_df, types = decode_values(spark, layout, EXACT_SCHEMA, [(c, text) for c, text, _ in EXACT_TEXTS])
     named = [(column.replace("\\u0075", "u"), want) for column, _, want in EXACT_TEXTS]
     assert errors(changes_df) == [
         (offset, f"data does not match the table schema: {column} ({types[column]}, {BEYOND})")
@@ -1333,16 +1341,7 @@ def test_values_nested_in_arrays_maps_and_structs_take_the_contract_s_types(spar
     """The contract's types hold at any depth: Spark's reader takes a number into a nested STRING, eight digits into
     a nested DATE as a far-off year, a time of day into a nested TIMESTAMP as today; each such record is quarantined
     with the column and its type, on the typed path of a one-table topic and the untyped path of two tables."""
-    nested = {"topic": "ev", "keys": ["id"], "schema": NESTED_SCHEMA}
-    cfg = replica({"nested": nested} if layout == "one table" else {"nested": nested, "other": nested})
-    table = "" if layout == "one table" else '"table": "nested", '
-
-    def value(column: str, text: str) -> bytes:
-        return ('{"seq": 1, "op": "upsert", ' + table + '"data": {"id": 1, "' + column + '": ' + text + "}}").encode()
-
-    rows = [record({"id": 1}, value(c, text), offset, "ev") for offset, (c, text, _) in enumerate(NESTED_TEXTS)]
-    changes_df = decode_table(spark, cfg, rows, "nested")
-    types = {f.name: f.dataType.simpleString() for f in table_schema(cfg.tables[0], "test.toml").data.fields}
+    changes_df, types = decode_values(spark, layout, NESTED_SCHEMA, [(c, text) for c, text, _ in NESTED_TEXTS])
     assert errors(changes_df) == [
         (offset, f"data does not match the table schema: {column} ({types[column]})")
         for offset, (column, _, want) in enumerate(NESTED_TEXTS)
