@@ -27,11 +27,14 @@ def test_a_sample_is_of_the_innermost_kind_unless_code_generation_encloses_it() 
 
 def test_a_recording_of_a_json_parse_says_the_tasks_parsed_json(spark: SparkSession, tmp_path: Path) -> None:
     rows = spark.range(600_000).select(F.to_json(F.struct((F.col("id") * 7).alias("a"), F.lit("x").alias("b"))))
+    rows = rows.cache()  # written before the recording, so that it holds the parse alone
+    rows.count()
     parsed = rows.select(F.from_json(rows.columns[0], "a LONG, b STRING").alias("p"))
     path = tmp_path / "parse.jfr"
     with Recorder(spark, path) as recording:
         assert parsed.agg(F.sum("p.a")).first() == (7 * 599_999 * 600_000 // 2,)
     profile = read(path, recording.java_home)
+    rows.unpersist()
 
     assert profile.tasks.most_common(1)[0][0] == "JSON parsing"
     lines = list(table({"parse": profile.as_dict()}, {"parse": 600_000}))
