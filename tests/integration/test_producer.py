@@ -360,15 +360,24 @@ def test_result_sends_a_lingering_write_at_once(connection: dict[str, str], topi
 
 
 class _Seen(logging.Handler):
-    """Sets ``event`` when librdkafka logs ``facility``."""
+    """Sets ``event`` when librdkafka logs ``facility`` (with ``containing`` in the line)."""
 
-    def __init__(self, facility: str) -> None:
+    def __init__(self, facility: str, containing: str = "") -> None:
         super().__init__(level=1)
-        self.facility, self.event = facility, threading.Event()
+        self.facility, self.containing, self.event = facility, containing, threading.Event()
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.args and isinstance(record.args, tuple) and record.args[0] == self.facility:
+        args = record.args
+        if args and isinstance(args, tuple) and args[0] == self.facility and self.containing in record.getMessage():
             self.event.set()
+
+
+def _serve_until(producer: ChangeProducer, done: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll the producer (librdkafka's log reaches Python only then) until ``done()``; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, what
+        producer._producer.poll(0.2)
 
 
 def test_a_write_acknowledged_without_its_offset_still_gets_its_exact_position(
@@ -377,11 +386,12 @@ def test_a_write_acknowledged_without_its_offset_still_gets_its_exact_position(
     """librdkafka acknowledges a timed-out request's writes without offsets when a later request succeeds first."""
     topic = topic_factory(partitions=1)
     # Requests time out after 8 s; with socket.max.fails=0 the connection stays up, so a later request can succeed.
-    settings = ProducerSettings(extra=(("socket.timeout.ms", "8000"), ("socket.max.fails", "0")))
+    settings = ProducerSettings(extra=(("socket.timeout.ms", "8000"), ("socket.max.fails", "0"), ("debug", "protocol")))
     producer = ChangeProducer(connection, settings)
     first = producer.write(topic, Change(key={"id": 0}, data={"id": 0}))
-    timed_out = _Seen("REQTMOUT")
+    sent, timed_out = _Seen("SEND", "ProduceRequest"), _Seen("REQTMOUT")
     librdkafka_log = logging.getLogger("replica_lib.producer.librdkafka")
+    librdkafka_log.addHandler(sent)
     librdkafka_log.addHandler(timed_out)
     level = librdkafka_log.level
     librdkafka_log.setLevel(1)
@@ -390,16 +400,17 @@ def test_a_write_acknowledged_without_its_offset_still_gets_its_exact_position(
     os.kill(kafka.pid, signal.SIGSTOP)  # the broker hears nothing and answers nothing
     try:
         a = producer.send(topic, a_change)
-        # Not a synchronisation: the two requests are sent 4 s apart so that only the first has timed out when
-        # the broker answers both.
-        time.sleep(4)
+        _serve_until(producer, sent.event.is_set, 30, "the first request was never sent")
+        # librdkafka looks for timed-out requests once a second: the second request goes out 4 s after the first
+        # (half its timeout), so that only the first has timed out when the broker answers both.
+        b_after = time.monotonic() + 4
+        _serve_until(producer, lambda: time.monotonic() >= b_after or a.done, 30, "")
+        assert not a.done, "the first request was answered while the broker was paused"
         b = producer.send(topic, b_change)
-        deadline = time.monotonic() + 30
-        while not timed_out.event.is_set():  # librdkafka's log reaches Python only while the producer is polled
-            assert time.monotonic() < deadline, "the first request never timed out"
-            producer._producer.poll(0.2)
+        _serve_until(producer, timed_out.event.is_set, 30, "the first request never timed out")
     finally:
         os.kill(kafka.pid, signal.SIGCONT)
+        librdkafka_log.removeHandler(sent)
         librdkafka_log.removeHandler(timed_out)
         librdkafka_log.setLevel(level)
     a_position, b_position = a.result(), b.result()
