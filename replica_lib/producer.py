@@ -553,7 +553,6 @@ class ChangeProducer:
         }
         where = f"{gap.topic} [{gap.partition}]"
         deadline = time.monotonic() + timeout_s
-        end = gap.before
         while True:
             consumer = Consumer(config)  # a new one each time: a client's metadata can hold on to a stale answer
             try:
