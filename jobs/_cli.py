@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
+import math
 import os
 import sys
 import traceback
@@ -57,6 +59,18 @@ def own_stdout() -> TextIO:
     sys.stdout.flush()
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     return result
+
+
+def amount(text: str) -> float:
+    """An argument that is a finite number, 0 or more (argparse's ``type``): ``nan`` passes every comparison a
+    job makes (a VACUUM retention that checks nothing, a wait that never ends), ``inf`` and negatives make no sense."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number, 0 or more, not {text!r}")
+    return value
 
 
 def first_line(exc: BaseException) -> str:

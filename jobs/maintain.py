@@ -12,7 +12,7 @@ import argparse
 import logging
 import sys
 
-from jobs._cli import guarded, setup_logging
+from jobs._cli import amount, guarded, setup_logging
 from replica_lib.config import load_replica, local_settings
 from replica_lib.layout import fold
 from replica_lib.maintenance import maintain, tidy_files, vacuum_plan
@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("conf", help="the replica's file in conf/")
     parser.add_argument(
         "--retain-hours",
-        type=float,
+        type=amount,
         help="VACUUM keeps files for this long (default: each table's time-travel window, "
         "delta.deletedFileRetentionDuration, a week unless set); a shorter one is refused with the reason",
     )
@@ -42,8 +42,6 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--no-vacuum", action="store_true", help="do not delete unreferenced files")
     args = parser.parse_args(argv)
-    if args.retain_hours is not None and args.retain_hours < 0:
-        parser.error("--retain-hours must be >= 0")
     setup_logging()
 
     def body() -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jobs._cli import guarded, own_stdout, setup_logging
+from jobs._cli import amount, guarded, own_stdout, setup_logging
 from replica_lib.config import load_replica, local_settings
 from replica_lib.quarantine import DROPPED, reasons, resolve, select, unresolved
 from replica_lib.replay import replay
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
         sub.add_argument("--table", action="append", default=[], help="only this table (repeatable)")
     again.add_argument("--note", default="", help="recorded with each record replayed")
     again.add_argument(
-        "--wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for the running replica to stop"
+        "--wait", type=amount, default=0.0, metavar="S", help="wait up to S seconds for the running replica to stop"
     )
     drop.add_argument("--reason", required=True, help="why: recorded with each record dropped")
     drop.add_argument(

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jobs._cli import FAILURE, USER_ERROR, guarded, setup_logging
+from jobs._cli import FAILURE, USER_ERROR, amount, guarded, setup_logging
 from replica_lib.config import load_replica, local_settings
 from replica_lib.progress import Offsets
 from replica_lib.reads import parse_position
@@ -44,7 +44,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--verify", action="store_true", help="compare each rebuilt table with the live one")
     parser.add_argument("--swap", action="store_true", help="then swap the rebuilt tables in for the live ones")
     parser.add_argument(
-        "--wait", type=float, default=3600.0, metavar="SECONDS", help="--swap: how long to wait for the replica to stop"
+        "--wait",
+        type=amount,
+        default=3600.0,
+        metavar="SECONDS",
+        help="--swap: how long to wait for the replica to stop",
     )
     parser.add_argument(
         "--live-stopped",

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from pyspark.sql import SparkSession
 
-from jobs._cli import USER_ERROR, guarded, setup_logging
+from jobs._cli import USER_ERROR, amount, guarded, setup_logging
 from replica_lib.catalog import leave_pending, metastore_holder, register_catalog
 from replica_lib.config import ReplicaConfig, load_replicas, local_settings
 from replica_lib.errors import CatalogError
@@ -98,7 +98,7 @@ def main(argv: list[str]) -> int:
         metavar="TOPIC:PARTITION:OFFSET",
         help="read only once a replica has applied this write (repeatable)",
     )
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for --after (default 30)")
+    parser.add_argument("--timeout", type=amount, default=30.0, help="seconds to wait for --after (default 30)")
     args = parser.parse_intermixed_args(argv)  # options may come between the files and the queries
     confs = [a for a in args.args if a.endswith(".toml")]
     queries = [a for a in args.args if not a.endswith(".toml")]

@@ -12,7 +12,7 @@ import logging
 import sys
 from typing import TextIO
 
-from jobs._cli import FAILURE, guarded, own_stdout
+from jobs._cli import FAILURE, amount, guarded, own_stdout
 from replica_lib.config import load_replicas, local_settings
 from replica_lib.session import build_session
 from replica_lib.status import Thresholds, render, status_of, to_json
@@ -33,14 +33,14 @@ def main(argv: list[str], out: TextIO | None = None) -> int:
     )
     parser.add_argument(
         "--max-lag-seconds",
-        type=float,
+        type=amount,
         default=defaults.max_lag_seconds,
         help="unhealthy when records wait and the table's last commit is older than this "
         f"(default {defaults.max_lag_seconds:g})",
     )
     args = parser.parse_args(argv)
-    if args.max_lag_records < 0 or args.max_lag_seconds < 0:
-        parser.error("--max-lag-records and --max-lag-seconds must be >= 0")
+    if args.max_lag_records < 0:
+        parser.error("--max-lag-records must be >= 0")
     # The status is the output: logs go to stderr, warnings only; an unreachable broker is said once, in the status.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("replica_lib.topics.librdkafka").setLevel(logging.CRITICAL)

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from jobs._cli import guarded, setup_logging
+from jobs._cli import amount, guarded, setup_logging
 from replica_lib.errors import ReplicationFactorError
 from replica_lib.topics import DAY_MS, TopicAdmin, TopicReport, TopicSpec
 
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--replication-factor", type=int, default=3)
     parser.add_argument("--min-insync-replicas", type=int, default=2)
-    parser.add_argument("--delete-retention-days", type=float, default=7.0)
+    parser.add_argument("--delete-retention-days", type=amount, default=7.0)
     parser.add_argument(
         "--local", action="store_true", help="single-broker sandbox: replication factor 1 is expected, not unsafe"
     )

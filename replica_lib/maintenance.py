@@ -202,7 +202,7 @@ def vacuum_retention(target: str, requested: float | None, window_h: float, runn
     """
     floor = max(window_h, RUNNING_FLOOR_HOURS if running is not False else 0.0)
     retention = floor if requested is None else requested
-    if retention < window_h:
+    if not retention >= window_h:  # NaN too, which no comparison would refuse, and VACUUM would take as 0 h
         raise MaintenanceError(
             f"{target}: a retention of {retention:g} h is shorter than the table's time-travel window "
             f"(delta.deletedFileRetentionDuration, {window_h:g} h): VACUUM would delete files that readers of the "

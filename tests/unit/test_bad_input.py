@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import time
@@ -63,3 +64,25 @@ def test_scripts_stop_at_once_without_a_usable_java(tmp_path: Path) -> None:
     assert proc.stderr.strip().splitlines() == [
         "replica: no Java found: install Java 17+ (apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
     ]
+
+
+@pytest.mark.parametrize(
+    ("job", "args", "option"),
+    [
+        ("maintain", ["conf/orders_a.toml", "--retain-hours", "nan"], "--retain-hours"),  # a VACUUM of 0 h, unchecked
+        ("rebuild", ["conf/orders_a.toml", "--into", "/tmp/r", "--swap", "--wait", "nan"], "--wait"),
+        ("quarantine", ["replay", "conf/orders_a.toml", "--wait", "inf"], "--wait"),
+        ("sql", ["conf/orders_a.toml", "SELECT 1", "--timeout", "nan"], "--timeout"),
+        ("status", ["conf/orders_a.toml", "--max-lag-seconds", "-1"], "--max-lag-seconds"),
+        ("topics", ["create", "t", "--delete-retention-days", "nan"], "--delete-retention-days"),
+    ],
+)
+def test_a_number_argument_that_is_not_finite_or_is_negative_stops_the_job_before_it_starts(
+    job: str, args: list[str], option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main = importlib.import_module(f"jobs.{job}").main
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert f"error: argument {option}: must be a finite number, 0 or more, not '{args[-1]}'" in line

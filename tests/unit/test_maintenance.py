@@ -107,6 +107,8 @@ def test_a_retention_shorter_than_the_time_travel_window_is_refused_with_the_fix
     assert str(refused.value).startswith("delta.`/t`: a retention of 24 h is shorter than the table's time-travel")
     assert "give --retain-hours 168 or more" in str(refused.value)
     assert "SET TBLPROPERTIES ('delta.deletedFileRetentionDuration'" in str(refused.value)
+    with pytest.raises(MaintenanceError):  # NaN passes every comparison, and VACUUM would take it as 0 h
+        maintenance.vacuum_retention("delta.`/t`", float("nan"), 168.0, running=False)
 
 
 @pytest.mark.parametrize(("running", "state"), [(True, "is running"), (None, "may be running")])
