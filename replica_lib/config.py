@@ -551,7 +551,15 @@ class _Reader:
         table = self.optional_string(value, "table", where)
         if (path is None) == (table is None):
             raise self.fail(where, "needs exactly one of path or table", '{ path = "..." } or { table = "db.t" }')
+        if path is not None:
+            self.no_tilde(f"{where}.path", path)
         return Target(path=path, table=table)
+
+    def no_tilde(self, key: str, path: str) -> None:
+        """Refuse a path that starts with ``~``: nothing expands it, so a folder named ``~`` would be made where the
+        job runs."""
+        if path.startswith("~"):
+            raise self.fail(key, f"{path!r} starts with ~, which is not expanded", "give an absolute path")
 
 
 def load_replica(path: str | Path, environ: Mapping[str, str] | None = None) -> ReplicaConfig:
@@ -592,14 +600,54 @@ def parse_replica(doc: Mapping[str, Any], source: str, environ: Mapping[str, str
         tables=tuple(_parse_table(r, tname, tdoc) for tname, tdoc in tables_doc.items()),
         source=_parse_source(r, doc),
         trigger=_parse_trigger(r, doc),
-        checkpoint=r.string(rep, "checkpoint", "replica"),
+        checkpoint=_checkpoint(r, rep),
         quarantine=r.target(rep["quarantine"], "replica.quarantine"),
         tombstone_retention_s=_parse_retention(r, rep),
         compaction=_parse_compaction(r, doc),
         metrics=r.target(rep["metrics"], "replica.metrics") if "metrics" in rep else None,
     )
     _check_layout(cfg)
+    _check_starting_offsets(r, cfg)
     return cfg
+
+
+def _checkpoint(r: _Reader, rep: Mapping[str, Any]) -> str:
+    path = r.string(rep, "checkpoint", "replica")
+    r.no_tilde("replica.checkpoint", path)
+    return path
+
+
+#: Kafka's offsets and Spark's ``maxOffsetsPerTrigger`` are Java longs.
+_LONG_MAX = 2**63 - 1
+
+
+def _check_starting_offsets(r: _Reader, cfg: ReplicaConfig) -> None:
+    """Spark's JSON of start offsets names every topic the replica reads, each partition a number, each offset one
+    (-2: the earliest, -1: the latest): Spark checks it only once the tables and the checkpoint exist, in its
+    terms."""
+    text = cfg.source.starting_offsets
+    if text.strip().lower() in ("earliest", "latest"):
+        return
+    key = "source.starting_offsets"
+    example = f"e.g. starting_offsets = '{json.dumps({t: {'0': -2, '1': 42} for t in cfg.topics})}', every partition"
+    offsets = json.loads(text)
+    for topic, parts in offsets.items():
+        if topic not in cfg.topics:
+            raise r.fail(key, f"names topic {topic!r}, which no table reads ({', '.join(cfg.topics)})", example)
+        if not isinstance(parts, dict) or not parts:
+            raise r.fail(key, f"topic {topic!r} must map partition numbers to offsets", example)
+        for partition, offset in parts.items():
+            is_offset = isinstance(offset, int) and not isinstance(offset, bool) and -2 <= offset <= _LONG_MAX
+            if not partition.isdigit() or not is_offset:
+                raise r.fail(
+                    key,
+                    f"{topic}: {partition!r}: {offset!r} is not a partition number and an offset (-2: earliest, "
+                    "-1: latest)",
+                    example,
+                )
+    missing = [t for t in cfg.topics if t not in offsets]
+    if missing:
+        raise r.fail(key, f"has no offsets for topic(s) {', '.join(missing)} (Spark needs every one)", example)
 
 
 def _parse_retention(r: _Reader, rep: Mapping[str, Any]) -> int:
@@ -623,8 +671,17 @@ def _parse_kafka(r: _Reader, doc: Mapping[str, Any]) -> KafkaConfig:
     for key in options:
         if key == "bootstrap.servers":
             raise r.fail("kafka.options.bootstrap.servers", "set twice", "use kafka.bootstrap_servers only")
+    servers = r.string(kaf, "bootstrap_servers", "kafka")
+    for server in [s.strip() for s in servers.split(",")]:
+        host, _, port = server.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise r.fail(
+                "kafka.bootstrap_servers",
+                f"{server!r} is not host:port",
+                'e.g. bootstrap_servers = "broker1:9092,broker2:9092"',
+            )
     kafka = KafkaConfig(
-        bootstrap_servers=r.string(kaf, "bootstrap_servers", "kafka"),
+        bootstrap_servers=servers,
         options=tuple(sorted((k, r.expand(f"kafka.options.{k}", v)) for k, v in options.items())),
     )
     _check_kafka_options(r, kafka)
@@ -635,7 +692,7 @@ def _parse_source(r: _Reader, doc: Mapping[str, Any]) -> SourceConfig:
     src = r.section(doc, "source", {"starting_offsets", "max_offsets_per_trigger", "fail_on_data_loss"}, False)
     max_offsets = src.get("max_offsets_per_trigger")
     if max_offsets is not None and (
-        not isinstance(max_offsets, int) or isinstance(max_offsets, bool) or max_offsets <= 0
+        not isinstance(max_offsets, int) or isinstance(max_offsets, bool) or not 0 < max_offsets <= _LONG_MAX
     ):
         raise r.fail(
             "source.max_offsets_per_trigger",

@@ -200,6 +200,8 @@ INTERVAL_FIX = 'e.g. "10 seconds" (units: milliseconds, seconds, minutes or hour
 TARGET_FIX = '{ path = "..." } or { table = "db.t" }'
 EVERY_FIX = "e.g. every_batches = 50 (0 turns the replica's compaction off)"
 OFFSETS_FIX = """e.g. "earliest", or per partition '{"orders": {"0": 42, "1": -2}}'"""
+PARTITIONS_FIX = """e.g. starting_offsets = '{"orders": {"0": -2, "1": 42}}', every partition"""
+SERVERS_FIX = 'e.g. bootstrap_servers = "broker1:9092,broker2:9092"'
 
 
 @pytest.mark.parametrize(
@@ -209,9 +211,24 @@ OFFSETS_FIX = """e.g. "earliest", or per partition '{"orders": {"0": 42, "1": -2
         (("source", "max_offsets_per_trigger"), "x", "source.max_offsets_per_trigger", MAX_FIX),
         (("source", "max_offsets_per_trigger"), -5, "source.max_offsets_per_trigger", MAX_FIX),
         (("source", "max_offsets_per_trigger"), True, "source.max_offsets_per_trigger", MAX_FIX),
+        (("source", "max_offsets_per_trigger"), 2**63, "source.max_offsets_per_trigger", MAX_FIX),  # Java's long
         (("source", "fail_on_data_loss"), "yes", "source.fail_on_data_loss", "write true or false"),
         (("source", "starting_offsets"), "earliset", "source.starting_offsets", OFFSETS_FIX),
         (("source", "starting_offsets"), "[1, 2]", "source.starting_offsets", OFFSETS_FIX),
+        # Spark would refuse these only once the tables and the checkpoint exist, in its own terms.
+        (("source", "starting_offsets"), '{"order": {"0": 1}}', "source.starting_offsets", PARTITIONS_FIX),
+        (("source", "starting_offsets"), '{"orders": 5}', "source.starting_offsets", PARTITIONS_FIX),
+        (("source", "starting_offsets"), '{"orders": {}}', "source.starting_offsets", PARTITIONS_FIX),
+        (("source", "starting_offsets"), '{"orders": {"p0": 1}}', "source.starting_offsets", PARTITIONS_FIX),
+        (("source", "starting_offsets"), '{"orders": {"0": -3}}', "source.starting_offsets", PARTITIONS_FIX),
+        (("source", "starting_offsets"), '{"orders": {"0": 1.5}}', "source.starting_offsets", PARTITIONS_FIX),
+        (("source", "starting_offsets"), '{"orders": {"0": 1e30}}', "source.starting_offsets", PARTITIONS_FIX),
+        # Refused before a checkpoint folder or a lock file is made, not when the broker is called.
+        (("kafka", "bootstrap_servers"), "broker1", "kafka.bootstrap_servers", SERVERS_FIX),
+        (("kafka", "bootstrap_servers"), "b:9092,", "kafka.bootstrap_servers", SERVERS_FIX),
+        (("kafka", "bootstrap_servers"), "b:90920", "kafka.bootstrap_servers", SERVERS_FIX),
+        (("replica", "checkpoint"), "~/cp", "replica.checkpoint", "give an absolute path"),  # nothing expands ~
+        (("tables", "orders", "target"), {"path": "~/t"}, "tables.orders.target.path", "give an absolute path"),
         (("trigger", "interval"), "soon", "trigger.interval", INTERVAL_FIX),
         (("trigger", "interval"), "5s", "trigger.interval", INTERVAL_FIX),
         (("trigger", "interval"), "500 ms", "trigger.interval", INTERVAL_FIX),
@@ -340,6 +357,18 @@ def test_intervals_spark_accepts_are_valid(interval: str) -> None:
 def test_starting_offsets_spark_accepts_are_valid(offsets: str) -> None:
     cfg = parse_replica(with_value(("source", "starting_offsets"), offsets), SOURCE, {})
     assert cfg.source.starting_offsets == offsets
+
+
+def test_start_offsets_name_every_topic_the_replica_reads() -> None:
+    doc = with_value(("source", "starting_offsets"), '{"orders": {"0": 42}}')
+    doc["tables"]["payments"] = {**doc["tables"]["orders"], "topic": "payments", "target": {"path": "/t/payments"}}
+    err = config_error(doc)
+    assert (err.key, err.problem) == (
+        "source.starting_offsets",
+        "has no offsets for topic(s) payments (Spark needs every one)",
+    )
+    doc["source"]["starting_offsets"] = '{"orders": {"0": 42}, "payments": {"0": -2, "1": -1}}'
+    assert parse_replica(doc, SOURCE, {}).source.starting_offsets == doc["source"]["starting_offsets"]
 
 
 def test_full_table_options_parse() -> None:
