@@ -345,11 +345,12 @@ def _native_parse(data: T.StructType | None) -> tuple[tuple[Step, ...], Column]:
         for f in data.fields
         if logical.is_date_or_time(f.dataType)
     ]
-    # Spark's reader does not check the values nested in an ARRAY, MAP or STRUCT column as the contract does.
+    # Spark's reader does not check the values nested in an ARRAY, MAP or STRUCT column as the contract does, nor
+    # the range of a TINYINT's.
     coerced += [
         _nested_mismatch(f.dataType, F.try_variant_get(F.col("_strict"), _field_path("data", f.name), "variant"))
         for f in data.fields
-        if _nests(f.dataType)
+        if _nests(f.dataType) or isinstance(f.dataType, T.ByteType)
     ]
     coerced += [
         typed["data"][f.name].isNotNull()
@@ -404,6 +405,8 @@ def _plain_value(text: Column, typed: Column, data: T.StructType) -> Column:
         if isinstance(f.dataType, T.StringType)
     ]
     temporal = [row[f.name] for f in data.fields if logical.is_date_or_time(f.dataType)]
+    # Jackson reads 128..255 into a TINYINT as -128..-1 (a byte's bits): a negative one takes the strict parse.
+    tiny = [F.coalesce(row[f.name] >= 0, F.lit(True)) for f in data.fields if isinstance(f.dataType, T.ByteType)]
     # A DECIMAL column's value must be a number, or a string holding one as JSON writes it: Spark reads any string.
     # And Spark rounds one with more fraction digits than the column's scale: only the text tells.
     strings += [
@@ -425,6 +428,7 @@ def _plain_value(text: Column, typed: Column, data: T.StructType) -> Column:
         ~text.contains("]"),
         *strings,
         *[t.isNull() for t in temporal],
+        *tiny,
         _count(text, ":") == fields,
         _count(text, "{") == objects,
         _count(text, "}") == objects,
@@ -820,7 +824,21 @@ def _typed_key_and_data(present: frozenset[str], schema: TableSchema) -> tuple[S
             data_struct[f.name].isNotNull() & _rounded(f.dataType, texts[f.name])
             for _, f in decimals
         ]
-        + [_nested_mismatch(f.dataType, _member(F.col(ROW), f.name)) for f in schema.data.fields if _nests(f.dataType)],
+        + [
+            data_struct[f.name].isNull() & logical.wire(f.name).isNotNull()  # elements not converted by their type
+            for f in schema.data.fields
+            if schema.table.format == "debezium" and logical.by_elements(f.dataType)
+        ]
+        + [
+            _nested_mismatch(f.dataType, _member(F.col(ROW), f.name)) & ~_by_element_unit(f, _connect(present, schema))
+            for f in schema.data.fields
+            if _nests(f.dataType)
+        ]
+        + [
+            (data_struct[f.name] < 0) & _nested_mismatch(f.dataType, _member(F.col(ROW), f.name))  # see _mistyped
+            for f in schema.data.fields
+            if isinstance(f.dataType, T.ByteType)
+        ],
         data_struct["_corrupt"].isNotNull(),
     )
     return (
@@ -890,8 +908,20 @@ def _key_checks(schema: TableSchema) -> list[tuple[Column, Column | str]]:
             for f in schema.key_schema.fields
             if logical.is_date_or_time(f.dataType) and schema.table.format == "native"
         ]
+        + [  # a TINYINT of 128..255, which Jackson reads as -128..-1: two keys would be one
+            (key_struct[f.name] < 0) & _nested_mismatch(f.dataType, _member(key_strict, f.name))
+            for f in schema.key_schema.fields
+            if isinstance(f.dataType, T.ByteType)
+        ]
         + [  # a native DECIMAL Spark rounded to the column's scale: two keys would be one
             key_struct[f.name].isNotNull() & _rounded(f.dataType, _value_text(key_strict, f.name))
+            for f in schema.key_schema.fields
+            if isinstance(f.dataType, T.DecimalType) and schema.table.format == "native"
+        ]
+        + [  # a native DECIMAL's string that is not a number as JSON writes it: Spark drops commas, takes "+5"
+            key_struct[f.name].isNotNull()
+            & _is_string(key_strict, logical.member(f.name))
+            & ~logical.is_number(_value_text(key_strict, f.name))
             for f in schema.key_schema.fields
             if isinstance(f.dataType, T.DecimalType) and schema.table.format == "native"
         ]
@@ -957,10 +987,13 @@ def _data_checks(schema: TableSchema) -> list[tuple[Column, Column | str]]:
 
 
 def _sequence(schema: TableSchema) -> Column:
-    """A change's place in its key's order: the row's ``sequence_by`` column if the row has it, else the envelope's.
-    Null where the row's value is beyond BIGINT's range (a DECIMAL(p,0) column; see :func:`_sequence_overflows`)."""
+    """A change's place in its key's order: none without ``sequence_by`` (the log position decides, whatever seq the
+    record carries), else the row's ``sequence_by`` column if the row has it, else the envelope's. Null where the
+    row's value is beyond BIGINT's range (a DECIMAL(p,0) column; see :func:`_sequence_overflows`)."""
     table = schema.table
-    if table.sequence_by and table.sequence_by in schema.data.fieldNames():
+    if table.sequence_by is None:  # the log position decides: a seq its records carry is not read
+        return F.lit(None).cast("long")
+    if table.sequence_by in schema.data.fieldNames():
         row_seq = F.col("_d")[table.sequence_by].try_cast("long")
         # A Debezium delete's row image is its `before`; a native delete carries no row, its envelope seq orders it.
         return (
@@ -988,7 +1021,12 @@ def _data(present: frozenset[str], schema: TableSchema) -> Column:
     special = [f for f in schema.data.fields if logical.is_temporal_or_decimal(f.dataType)]
     connect = _connect(present, schema)
     # A Debezium STRING column may also hold a time of day, which arrives as a count in the unit of its logical type.
-    by_schema = [f for f in schema.data.fields if f in special or isinstance(f.dataType, T.StringType)]
+    # So may the elements of an ARRAY (PostgreSQL's ``date[]``, ``numeric[]``, ``time[]``).
+    by_schema = [
+        f
+        for f in schema.data.fields
+        if f in special or isinstance(f.dataType, T.StringType) or logical.by_elements(f.dataType)
+    ]
     if connect is not None and by_schema:
         return _by_logical_types(F.col("_data_json"), schema.data, by_schema, connect)
     parsed = F.from_json(F.col("_data_json"), _with_corrupt(schema.data), _PERMISSIVE)
@@ -999,13 +1037,14 @@ def _data(present: frozenset[str], schema: TableSchema) -> Column:
         fields = [typed[f.name].alias(f.name) for f in schema.data.fields]
         none = F.lit(None).cast("string").alias("_corrupt")
         parsed = F.when(typed.isNotNull(), F.struct(*fields, none)).otherwise(parsed)
-    if not special:
+    nested_decimals = [f for f in schema.data.fields if _nests(f.dataType) and _holds_decimals(f.dataType)]
+    if not special and not nested_decimals:
         return parsed
     exact = F.col(ROW) if typed is None else F.when(typed.isNull(), F.col(ROW))
     values = [
         (
             _exact_decimal(f, parsed[f.name], exact)
-            if isinstance(f.dataType, T.DecimalType)
+            if isinstance(f.dataType, T.DecimalType) or f in nested_decimals
             else logical.converted(f, parsed[f.name])
             if f in special
             else parsed[f.name]
@@ -1015,8 +1054,27 @@ def _data(present: frozenset[str], schema: TableSchema) -> Column:
     return F.struct(*values, parsed["_corrupt"].alias("_corrupt"))
 
 
+def _holds_decimals(data_type: T.DataType) -> bool:
+    """Whether an ARRAY, MAP or STRUCT type holds DECIMAL values, and only values that its strict parse (a variant)
+    reads as ``from_json`` does: numbers, strings and booleans, at any depth (not dates, times or bytes)."""
+
+    def leaves(t: T.DataType) -> list[T.DataType]:
+        if isinstance(t, T.ArrayType):
+            return leaves(t.elementType)
+        if isinstance(t, T.MapType):
+            return leaves(t.valueType)
+        if isinstance(t, T.StructType):
+            return [leaf for f in t.fields for leaf in leaves(f.dataType)]
+        return [t]
+
+    found = leaves(data_type)
+    plain = all(isinstance(t, (T.NumericType, T.StringType, T.BooleanType)) for t in found)
+    return plain and any(isinstance(t, T.DecimalType) for t in found)
+
+
 def _exact_decimal(field: T.StructField, parsed: Column, row: Column) -> Column:
-    """A row's DECIMAL value: as the typed parse of the record read it, or else from ``row``, its strict parse.
+    """A row's DECIMAL value (or an ARRAY, MAP or STRUCT of them, :func:`_holds_decimals`): as the typed parse of
+    the record read it, or else from ``row``, its strict parse.
 
     ``_data_json`` (the untyped parse's text) holds a number with a fraction or an exponent as a double writes it,
     with 17 digits (``1.00000000000000000001`` is ``1.0`` there); the strict parse keeps one of up to 38 digits
@@ -1121,7 +1179,7 @@ def _mistyped(
     """Whether the data's value for ``field`` does not have the column's type (Spark read it as null, turned a
     non-string into a STRING other than a time of day its schema gives a unit, overflowed a floating column to
     infinity, read into a native row's DECIMAL a string that is not a number as JSON writes it, rounded a number into
-    a DECIMAL, or took a nested value the contract refuses)."""
+    a DECIMAL, read 128..255 into a TINYINT, or took a nested value the contract refuses)."""
     value = data_struct[field.name]
     present = F.get_json_object(F.col("_data_json"), logical.member(field.name)).isNotNull()
     if isinstance(field.dataType, T.DecimalType):
@@ -1139,8 +1197,19 @@ def _mistyped(
     if _is_floating(field.dataType):
         return (present & value.isNull()) | _infinite(value)
     if _nests(field.dataType):
+        nested = _nested_mismatch(field.dataType, _member(data_strict, field.name)) & ~_by_element_unit(field, connect)
+        return (present & value.isNull()) | nested
+    if isinstance(field.dataType, T.ByteType):  # Jackson reads 128..255 as -128..-1: the JSON value tells
         return (present & value.isNull()) | _nested_mismatch(field.dataType, _member(data_strict, field.name))
     return present & value.isNull()
+
+
+def _by_element_unit(field: T.StructField, connect: Column | None) -> Column:
+    """Whether a Debezium record's schema gives the elements of ARRAY column ``field`` a logical type, by which they
+    were converted (each exactly, or the value refused) rather than read as the contract's JSON values."""
+    if connect is None or not logical.by_elements(field.dataType):
+        return F.lit(False)
+    return logical.has_element_unit(field.name, connect)
 
 
 def _rounded(data_type: T.DataType, text: Column) -> Column:

@@ -18,13 +18,15 @@ from pyspark.sql import types as T
 CONNECT_FIELDS = "_connect_fields"
 #: The same for the record's key (its own Connect schema), where the table's key has a DATE or TIMESTAMP column.
 KEY_CONNECT_FIELDS = "_key_connect_fields"
-_KEY_SCHEMA = "fields ARRAY<STRUCT<field: STRING, type: STRING, name: STRING, parameters: MAP<STRING, STRING>>>"
-#: The type of :data:`CONNECT_FIELDS` and :data:`KEY_CONNECT_FIELDS` (for a null of it).
-FIELDS_TYPE = "ARRAY<STRUCT<field: STRING, type: STRING, name: STRING, parameters: MAP<STRING, STRING>>>"
-_CONNECT_SCHEMA = (
-    "fields ARRAY<STRUCT<field: STRING, "
-    "fields: ARRAY<STRUCT<field: STRING, type: STRING, name: STRING, parameters: MAP<STRING, STRING>>>>>"
+#: The type of :data:`CONNECT_FIELDS` and :data:`KEY_CONNECT_FIELDS` (for a null of it): each field's type, logical
+#: type and parameters, and an array's element schema (``items``: Debezium sends a PostgreSQL ``date[]`` as an array of
+#: day counts whose items are ``io.debezium.time.Date``).
+FIELDS_TYPE = (
+    "ARRAY<STRUCT<field: STRING, type: STRING, name: STRING, parameters: MAP<STRING, STRING>, "
+    "items: STRUCT<type: STRING, name: STRING, parameters: MAP<STRING, STRING>>>>"
 )
+_KEY_SCHEMA = f"fields {FIELDS_TYPE}"
+_CONNECT_SCHEMA = f"fields ARRAY<STRUCT<field: STRING, fields: {FIELDS_TYPE}>>"
 #: What Debezium sends for a value it does not have (an unchanged TOASTed column of a PostgreSQL update).
 UNAVAILABLE = "__debezium_unavailable_value"
 
@@ -55,7 +57,13 @@ NUMBER_TEXT = r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$"
 #: space or a ``T`` (a DATE), eight digits (``20240506`` is a day of the year 57386) and rounds finer fractions away.
 _DATE_TEXT = "[0-9]{4}-[0-9]{2}-[0-9]{2}"
 _TIME_TEXT = "[T ][0-9]{2}:[0-9]{2}(:[0-9]{2}([.][0-9]{1,6}0{0,3})?)?"
-_ZONE_TEXT = "(Z|[+-][0-9]{2}(:?[0-9]{2})?| ?[A-Za-z][A-Za-z0-9_/+-]*)?"
+#: A zone is an offset, UTC/GMT/UT (with an offset or not), or a region of the tz database (``Europe/London``). Not
+#: an abbreviation: Java reads ``BST`` as Asia/Dhaka, ``CST`` as America/Chicago and ``IST`` as Asia/Kolkata, and
+#: Python's ``%Z`` writes them for London's summer, China and Ireland: silently hours off.
+_ZONE_TEXT = (
+    "(Z|[+-][0-9]{2}(:?[0-9]{2})?| ?(UTC|GMT|UT)([+-][0-9]{1,2}(:?[0-9]{2})?)?"
+    "| ?[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)+)?"
+)
 _TEMPORAL_TEXT: dict[type[T.DataType], str] = {
     T.DateType: f"^{_DATE_TEXT}$",
     T.TimestampType: f"^{_DATE_TEXT}({_TIME_TEXT}{_ZONE_TEXT})?$",
@@ -90,6 +98,21 @@ def field_schema(name: str, fields: Column) -> Column:
 def is_temporal_or_decimal(data_type: T.DataType) -> bool:
     """Whether a column's values may need a unit or an encoding from the record's schema."""
     return isinstance(data_type, (T.TimestampType, T.TimestampNTZType, T.DateType, T.DecimalType))
+
+
+def by_elements(data_type: T.DataType) -> bool:
+    """Whether a column is an ARRAY whose elements may need a unit or an encoding from the record's schema (a time of
+    day for an ARRAY<STRING>)."""
+    return isinstance(data_type, T.ArrayType) and (
+        is_temporal_or_decimal(data_type.elementType) or isinstance(data_type.elementType, T.StringType)
+    )
+
+
+def has_element_unit(name: str, fields: Column) -> Column:
+    """Whether a record's schema (``fields``) gives the elements of array column ``name`` a logical type that
+    :func:`from_text` converts them by."""
+    units = (*_MILLIS, _MICROS, _NANOS, *_DAYS, *_TIMES, _DECIMAL, _VARIABLE_DECIMAL)
+    return F.coalesce(field_schema(name, fields)["items"]["name"].isin(*units), F.lit(False))
 
 
 def is_time(name: str, fields: Column) -> Column:
@@ -166,6 +189,8 @@ def from_text(field: T.StructField, text: Column, fields: Column) -> Column:
     """A Debezium row's or key's value of column ``field`` from its JSON text: by the logical type its schema
     (``fields``) gives it, else cast from the text; a TIMESTAMP or DATE column with no logical type refuses (null) a
     number and a string not of its form (:func:`malformed`)."""
+    if isinstance(field.dataType, T.ArrayType):
+        return _elements_from_text(field, text, fields)
     plain = text.try_cast(field.dataType)
     if is_date_or_time(field.dataType):
         refused = is_number(text) | malformed(field.dataType, text)
@@ -175,6 +200,28 @@ def from_text(field: T.StructField, text: Column, fields: Column) -> Column:
     if by_schema is None:
         return plain
     return F.when(by_schema[0], by_schema[1]).otherwise(plain)
+
+
+def _elements_from_text(field: T.StructField, text: Column, fields: Column) -> Column:
+    """An ARRAY column's value from its JSON text: each element converted by the logical type the column's schema
+    gives its items, the whole value null (refused) if one element is not exact; else parsed as declared."""
+    array_type = field.dataType
+    assert isinstance(array_type, T.ArrayType)
+    plain = F.from_json(text, array_type)
+    items = field_schema(field.name, fields)["items"]
+    by_schema = _by_logical_type(array_type.elementType, items["name"], items["parameters"], F.lit(""))
+    if by_schema is None:
+        return plain
+    elements = F.from_json(text, "ARRAY<STRING>")  # each element's JSON text (a string's content), null as null
+
+    def element(value: Column) -> Column:
+        converted = _by_logical_type(array_type.elementType, items["name"], items["parameters"], value)
+        assert converted is not None
+        return converted[1]
+
+    values = F.transform(elements, element)
+    exact = F.forall(F.zip_with(elements, values, lambda sent, kept: sent.isNull() | kept.isNotNull()), lambda ok: ok)
+    return F.when(by_schema[0], F.when(exact, values)).otherwise(plain)
 
 
 def _by_logical_type(

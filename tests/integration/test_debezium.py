@@ -362,3 +362,66 @@ def test_a_table_keyed_by_dates_and_times_equals_postgres(
         replica_rows(spark, cfg, table, ("d", "ts", "tz", "a", "v")),
         spark.createDataFrame(source.rows(), schema=schema),
     )
+
+
+def test_a_table_of_arrays_of_dates_times_and_numerics_equals_postgres(
+    spark: SparkSession,
+    kafka: EmbeddedKafka,
+    postgres: EmbeddedPostgres,
+    connect: KafkaConnect,
+    tmp_path: Path,
+) -> None:
+    """Debezium sends a ``date[]`` as day counts, a ``timestamp[]`` as microseconds, a ``numeric[]`` as base64
+    unscaled values: each element by the logical type of the array's items in the record's schema."""
+    rng = random.Random(13)
+    table = "shelves"
+    ddl = (
+        "a integer, b text, days date[], stamps timestamp[], zoned timestamptz[], prices numeric(12,2)[], "
+        "ratios numeric[], times time[], tags text[], PRIMARY KEY (a, b)"
+    )
+    schema = (
+        "a INT, b STRING, days ARRAY<DATE>, stamps ARRAY<TIMESTAMP_NTZ>, zoned ARRAY<TIMESTAMP>, "
+        "prices ARRAY<DECIMAL(12,2)>, ratios ARRAY<DECIMAL(20,6)>, times ARRAY<STRING>, tags ARRAY<STRING>"
+    )
+    columns = ("a", "b", "days", "stamps", "zoned", "prices", "ratios", "times", "tags")
+
+    def arrays() -> dict[str, Any]:
+        def some(make: Any) -> list[Any] | None:
+            if rng.random() < 0.1:
+                return None
+            return [None if rng.random() < 0.15 else make() for _ in range(rng.randrange(0, 4))]
+
+        values = random_values(rng)
+        return {
+            "days": some(lambda: date(1970, 1, 1) + timedelta(days=rng.randrange(-20_000, 40_000))),
+            "stamps": some(lambda: datetime(2000, 1, 1) + timedelta(microseconds=rng.randrange(10**15))),
+            "zoned": some(lambda: datetime(2000, 1, 1, tzinfo=UTC) + timedelta(microseconds=rng.randrange(10**15))),
+            "prices": some(lambda: Decimal(rng.randrange(-(10**12) + 1, 10**12)).scaleb(-2)),
+            "ratios": some(lambda: Decimal(rng.randrange(-(10**9), 10**9)).scaleb(-rng.randrange(0, 7))),
+            # Debezium 3.6.1 sends a time[]'s elements to the millisecond (as MicroTime): whole milliseconds here.
+            "times": some(
+                lambda: time(rng.randrange(24), rng.randrange(60), rng.randrange(60), rng.randrange(1000) * 1000)
+            ),
+            "tags": some(lambda: values["body"] or ""),
+        }
+
+    live = [(i, rng.choice("xy")) for i in range(1, 16)]
+    execute(postgres, [f"CREATE TABLE {table} ({ddl})", *[insert(table, key, arrays()) for key in live[:10]]])
+    source = capture(postgres, connect, kafka, table)
+    cfg = replica_of(tmp_path, kafka, source, schema)
+    later: list[Statement] = [insert(table, key, arrays()) for key in live[10:]]
+    later += [update(table, key, arrays()) for key in live[::3]]
+    later += [(f"DELETE FROM {table} WHERE a = %s AND b = %s", list(key)) for key in live[1::4]]
+    source.wait_captured(source.sql(later))
+    run_available_now(spark, cfg)
+
+    assert read_table(spark, cfg.quarantine).count() == 0
+    times = columns.index("times")
+    expected = [
+        tuple(
+            [None if t is None else time_text(t) for t in v] if i == times and v is not None else v
+            for i, v in enumerate(r)
+        )
+        for r in source.rows()
+    ]
+    assert_equal(replica_rows(spark, cfg, table, columns), spark.createDataFrame(expected, schema=schema))

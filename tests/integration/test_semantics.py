@@ -148,6 +148,35 @@ def test_ordering_deletes_and_duplicates_across_batches(
     assert rows_by_key(spark, cfg) == rows
 
 
+@pytest.mark.parametrize("layout", ["copy-on-write", "merge-on-read"])
+def test_a_table_without_a_sequence_is_ordered_by_the_log_whatever_seq_its_records_carry(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path, layout: str
+) -> None:
+    # No sequence_by: the log position decides, and a producer's seq is not read (README, the contract's Order).
+    topic = topic_factory(partitions=1)
+    table = {k: v for k, v in orders_table(topic, layout=layout).items() if k != "sequence_by"}
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "by_log", {"orders": table})
+    log = produce(
+        connection,
+        topic,
+        [
+            upsert(1, 5, "first"),
+            upsert(1, 2, "second"),  # later in the log: wins
+            upsert(2, 5, "v5"),
+            tombstone(2),  # deletes it at its place in the log
+            upsert(3, 9, "v9"),
+            delete(3, 1),
+        ],
+    )
+    run_available_now(spark, cfg)
+    assert_matches_model(spark, cfg, log)
+    assert {k: r["status"] for k, r in rows_by_key(spark, cfg).items()} == {1: "second"}
+    log += produce(connection, topic, [upsert(1, 1, "third"), upsert(2, 0, "back"), upsert(3, 0, "again")])
+    run_available_now(spark, cfg)
+    assert_matches_model(spark, cfg, log)
+    assert {k: r["status"] for k, r in rows_by_key(spark, cfg).items()} == {1: "third", 2: "back", 3: "again"}
+
+
 def test_records_delivered_twice_in_a_batch_are_applied_once(
     spark: SparkSession,
     connection: dict[str, str],

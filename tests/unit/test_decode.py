@@ -1081,6 +1081,9 @@ TIMESTAMP_TEXTS = {
     "2024-05-06T10:15:30+0200": "2024-05-06 08:15:30",
     "2024-05-06T10:15:30+02": "2024-05-06 08:15:30",
     "2024-05-06T10:15:30UTC": "2024-05-06 10:15:30",
+    "2024-07-01 10:00:00 Europe/London": "2024-07-01 09:00:00",
+    "2024-07-01 10:00:00 BST": None,  # Java: Asia/Dhaka (04:00Z), not London's summer time
+    "2024-07-01T10:00:00CST": None,  # Java: America/Chicago, whatever the sender meant (China's is 13 hours off)
     "2024-05-06T10:15:30.123456000Z": "2024-05-06 10:15:30.123456",  # nanoseconds that are whole microseconds
     "2024-05-06T10:15": "2024-05-06 10:15:00",
     "2024-05-06": "2024-05-06 00:00:00",
@@ -1280,10 +1283,50 @@ def test_a_native_decimal_is_kept_exactly_or_refused(spark: SparkSession, layout
     }
 
 
+#: A TINYINT value as JSON text, and the value it is kept as (None: refused). Spark's reader (Jackson's
+#: ``getByteValue``) takes 128..255 as -128..-1, a byte's bits.
+TINY_TEXTS = [("0", 0), ("127", 127), ("-1", -1), ("-128", -128), ("128", None), ("200", None), ("255", None)]
+TINY_TEXTS += [("-129", None), ("256", None)]
+
+
+@pytest.mark.parametrize("layout", ["one table", "two tables"])
+def test_a_tinyint_is_kept_in_its_range_or_refused(spark: SparkSession, layout: str) -> None:
+    changes_df, _ = decode_values(spark, layout, "id BIGINT, code TINYINT", [("code", text) for text, _ in TINY_TEXTS])
+    assert errors(changes_df) == [
+        (o, "data does not match the table schema: code (tinyint)")
+        for o, (_, want) in enumerate(TINY_TEXTS)
+        if want is None
+    ]
+    got = {r["_offset"]: r["code"] for r in decode.valid(changes_df).collect()}
+    assert got == {o: want for o, (_, want) in enumerate(TINY_TEXTS) if want is not None}
+
+
+def test_a_tinyint_key_and_a_debezium_tinyint_are_kept_in_their_range_or_refused(spark: SparkSession) -> None:
+    cfg = replica({"t": {"topic": "t", "keys": ["k"], "schema": "k TINYINT, v BIGINT"}})
+    rows = [
+        record(('{"k": ' + text + "}").encode(), b'{"op": "delete"}', o, "t") for o, (text, _) in enumerate(TINY_TEXTS)
+    ]
+    changes_df = decode_table(spark, cfg, rows, "t")
+    assert errors(changes_df) == [
+        (o, "key has a column of the wrong type (expected k tinyint)")
+        for o, (_, want) in enumerate(TINY_TEXTS)
+        if want is None
+    ]
+    assert {r["_offset"]: r["k"] for r in decode.valid(changes_df).collect()} == {
+        o: want for o, (_, want) in enumerate(TINY_TEXTS) if want is not None
+    }
+    debezium = replica({"events": {**EVENTS, "schema": "id BIGINT, code TINYINT"}})
+    rows = [record({"id": 1}, dbz("c", None, {"id": 1, "code": code}), o, "dbz") for o, code in enumerate((-56, 200))]
+    changes_df = decode_table(spark, debezium, rows, "events")
+    assert errors(changes_df) == [(1, "data does not match the table schema: code (tinyint)")]
+    assert [r["code"] for r in decode.valid(changes_df).collect()] == [-56]
+
+
 def test_a_decimal_key_is_kept_exactly_or_refused(spark: SparkSession) -> None:
     """Two keys that differ beyond the key column's scale would be one row; such a key is refused instead."""
     cfg = replica({"t": {"topic": "t", "keys": ["k"], "schema": "k DECIMAL(10,2), v BIGINT"}})
     texts = [("1.25", "1.25"), ("1.250", "1.25"), ("1.251", None), ('"1.259"', None), ("125e-2", "1.25")]
+    texts += [('"1.25"', "1.25"), ('"1,234.50"', None), ('"+5"', None)]  # Spark: 1234.50 and 5.00
     rows = [
         record(('{"k": ' + text + "}").encode(), (b'{"op": "upsert", "data": {"k": 1.25, "v": 1}}'), o, "t")
         for o, (text, _) in enumerate(texts)
@@ -1303,7 +1346,8 @@ def test_a_decimal_key_is_kept_exactly_or_refused(spark: SparkSession) -> None:
 NESTED_SCHEMA = (
     "id BIGINT, tags ARRAY<STRING>, days ARRAY<DATE>, at ARRAY<TIMESTAMP>, attrs MAP<STRING, STRING>, "
     "prices MAP<STRING, DECIMAL(5,2)>, point STRUCT<x: DOUBLE, y: FLOAT, n: INT, ok: BOOLEAN>, "
-    "deep ARRAY<STRUCT<d: ARRAY<DATE>, m: MAP<STRING, STRING>>>"
+    "deep ARRAY<STRUCT<d: ARRAY<DATE>, m: MAP<STRING, STRING>>>, "
+    "exact ARRAY<STRUCT<q: DECIMAL(38,18), n: INT, s: STRING>>"
 )
 #: Values nested in ARRAY, MAP and STRUCT columns, as JSON text, and each one's value as Spark writes it as a string
 #: (None: refused). Spark's reader takes every refused one but those marked.
@@ -1333,6 +1377,12 @@ NESTED_TEXTS = [
     ("deep", '[{"d": ["2024-05-06", null], "m": {"x": "y"}}, null]', "[{[2024-05-06, null], {x -> y}}, null]"),
     ("deep", '[{"d": ["2024-05-06"]}, {"m": {"x": 5}}]', None),  # Spark: "5"
     ("deep", '[{"d": ["2024"]}]', None),  # Spark: 2024-01-01
+    # Spark: 1.000000000000000000 off a topic of two tables (its text of the row writes a double's 17 digits)
+    (
+        "exact",
+        '[{"q": 1.000000000000000001, "n": 2, "s": "x", "extra": 1}, {"q": "-2.5"}]',
+        "[{1.000000000000000001, 2, x}, {-2.500000000000000000, null, null}]",
+    ),
 ]
 
 
@@ -1415,6 +1465,93 @@ def test_values_nested_in_a_debezium_row_take_the_contract_s_types(spark: SparkS
     changes_df = decode_table(spark, cfg, rows, "events")
     assert errors(changes_df) == [(1, "data does not match the table schema: tags (array<string>)")]
     assert [r["tags"] for r in decode.valid(changes_df).collect()] == [["a", None]]
+
+
+def with_item_schema(payload: dict[str, Any], **items: tuple[str, str | None, dict[str, str] | None]) -> dict[str, Any]:
+    """:func:`with_schema` for ARRAY columns whose items have a (type, logical name, parameters), as Debezium sends a
+    PostgreSQL ``date[]`` or ``numeric(10,2)[]``."""
+    wrapped = with_schema(payload, **{name: ("array", None, None) for name in items})
+    for image in wrapped["schema"]["fields"][:2]:
+        for field in image["fields"]:
+            if field["field"] in items:
+                kind, name, parameters = items[field["field"]]
+                field["items"] = {"type": kind, "optional": True}
+                field["items"].update({"name": name} if name else {})
+                field["items"].update({"parameters": parameters} if parameters else {})
+    return wrapped
+
+
+def test_the_elements_of_a_debezium_array_are_converted_by_their_logical_type(spark: SparkSession) -> None:
+    schema = (
+        "id BIGINT, days ARRAY<DATE>, ats ARRAY<TIMESTAMP>, locals ARRAY<TIMESTAMP_NTZ>, prices ARRAY<DECIMAL(10,2)>, "
+        "ratios ARRAY<DECIMAL(20,5)>, times ARRAY<STRING>, tags ARRAY<STRING>"
+    )
+    cfg = replica({"events": {**EVENTS, "schema": schema}})
+    units = {
+        "days": ("int32", "io.debezium.time.Date", None),
+        "ats": ("int64", "io.debezium.time.NanoTimestamp", None),
+        "locals": MICRO,
+        "prices": DECIMAL_2,
+        "ratios": ("struct", "io.debezium.data.VariableScaleDecimal", None),
+        "times": ("int64", "io.debezium.time.MicroTime", None),
+        "tags": ("string", None, None),
+    }
+    row: dict[str, Any] = {name: None for name in units}
+    noon = 12 * 3_600_000_000
+
+    def change(i: int, values: dict[str, Any], schema_sent: bool = True) -> RawRow:
+        payload = dbz("c", None, {**row, "id": i, **values})
+        return record({"id": i}, with_item_schema(payload, **units) if schema_sent else payload, i - 1, "dbz")
+
+    rows = [
+        change(
+            1,
+            {
+                "days": [DAY_COUNT, None, 0],
+                "ats": [AT_MICROS * 1000],
+                "locals": [AT_MICROS, -1],
+                "prices": [unscaled(12345), None, unscaled(-5)],
+                "ratios": [{"scale": 3, "value": unscaled(-1234567)}, {"scale": 0, "value": unscaled(2)}],
+                "times": [noon, 86_400_000_000],
+                "tags": ["a", None],
+            },
+        ),
+        change(2, {"days": [], "prices": []}),
+        # Refused: one element not exact (finer than microseconds, past the scale, out of a day or of DATE's range),
+        # a day sent as text where the schema says a count, a number with no unit, a tag that is not a string.
+        change(3, {"ats": [AT_MICROS * 1000, AT_MICROS * 1000 + 1]}),
+        change(4, {"prices": [unscaled(1), unscaled(10**12)]}),
+        change(5, {"ratios": [{"scale": 6, "value": unscaled(1234567)}]}),
+        change(6, {"times": [noon, -1]}),
+        change(7, {"days": [10**9]}),
+        change(8, {"days": ["2024-05-06"]}),
+        change(9, {"days": [DAY_COUNT]}, schema_sent=False),
+        change(10, {"tags": ["a", 5]}),
+    ]
+    changes_df = decode_table(spark, cfg, rows, "events")
+
+    mismatch = "data does not match the table schema"
+    assert errors(changes_df) == [
+        (2, f"{mismatch}: ats (array<timestamp>)"),
+        (3, f"{mismatch}: prices (array<decimal(10,2)>)"),
+        (4, f"{mismatch}: ratios (array<decimal(20,5)>)"),
+        (5, f"{mismatch}: times (array<string>)"),
+        (6, f"{mismatch}: days (array<date>)"),
+        (7, f"{mismatch}: days (array<date>)"),
+        (8, f"{mismatch}: days (array<date>)"),
+        (9, f"{mismatch}: tags (array<string>)"),
+    ]
+    got = {r["id"]: r for r in decode.valid(changes_df).collect()}
+    assert sorted(got) == [1, 2]
+    first = got[1]
+    assert [str(d) for d in first["days"]] == ["2024-05-06", "None", "1970-01-01"]
+    assert first["ats"] == [datetime(2024, 5, 6, 10, 15, 30, 123456)]  # the session's time zone is UTC
+    assert first["locals"] == [AT, datetime(1969, 12, 31, 23, 59, 59, 999999)]
+    assert [str(p) for p in first["prices"]] == ["123.45", "None", "-0.05"]
+    assert [str(r) for r in first["ratios"]] == ["-1234.56700", "2.00000"]
+    assert first["times"] == ["12:00:00.000000", "24:00:00.000000"]
+    assert first["tags"] == ["a", None]
+    assert (got[2]["days"], got[2]["prices"], got[2]["ats"]) == ([], [], None)
 
 
 def test_the_producer_s_python_values_decode_exactly(spark: SparkSession) -> None:
