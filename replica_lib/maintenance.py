@@ -11,7 +11,9 @@ it is purged only when
 1. it is older than the replica's ``tombstone_retention`` (default 7 days), which bounds how late a reordered,
    older change of *k* may still arrive from the primary; and
 2. the log no longer holds any record of partition *p* at or before offset *o* (the partition's log start offset
-   is past *o*), so no replay can ever deliver an older change of *k* again.
+   is past *o*), so no replay can ever deliver an older change of *k* again; and
+3. nor does the quarantine, unresolved: a record of partition *p* before *o*, replayed after a fix, may be an older
+   change of *k*, which only the retained delete tells apart from a new one.
 
 On a compacted topic the log start offset does not move, so condition 2 keeps its deletes for good: the
 tombstone table is then bounded by the number of deleted keys, never by the number of changes.
@@ -45,10 +47,12 @@ from replica_lib.merge import (
     zorder_files,
 )
 from replica_lib.ordering import current_versions, newer
+from replica_lib.quarantine import unresolved
 from replica_lib.recovery import replica_running
 from replica_lib.target import (
     delta_table,
     file_count,
+    is_empty,
     read_table,
     replica_targets,
     table_exists,
@@ -86,8 +90,11 @@ def purge_tombstones(
     purged: dict[str, int] = {}
     if admin is None:
         return {table.name: 0 for table in cfg.tables}
+    quarantined = _quarantine_starts(spark, cfg)
     for table in cfg.tables:
-        condition = purge_condition({table.topic: admin.earliest_offsets(table.topic)}, cutoff)
+        held = quarantined.get(table.topic, {})
+        starts = {p: min(o, held.get(p, o)) for p, o in admin.earliest_offsets(table.topic).items()}
+        condition = purge_condition({table.topic: starts}, cutoff)
         target, purged[table.name] = tombstone_target(table), 0
         if condition:
             purged[table.name] = _retrying(
@@ -95,6 +102,20 @@ def purge_tombstones(
             )
         logger.info("replica %s table %s: purged %d retained deletes", cfg.name, table.name, purged[table.name])
     return purged
+
+
+def _quarantine_starts(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, dict[int, int]]:
+    """Per topic and partition, the lowest offset of an unresolved quarantined record (of any table: a record whose
+    table could not be read may be any of its topic's)."""
+    if is_empty(spark, cfg.quarantine):
+        return {}
+    records = unresolved(spark, cfg)
+    if records is None:
+        return {}
+    starts: dict[str, dict[int, int]] = {}
+    for row in records.groupBy("topic", "partition").agg(F.min("offset").alias("offset")).collect():
+        starts.setdefault(str(row["topic"]), {})[int(row["partition"])] = int(row["offset"])
+    return starts
 
 
 #: How many times maintenance tries a delete that the running replica's writes keep conflicting with.
