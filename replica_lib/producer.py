@@ -206,10 +206,14 @@ class _Gap:
 
     An idempotent producer whose request timed out retries it; if a later request to the partition succeeds first,
     librdkafka acknowledges the earlier writes "implicitly", without offsets (and likewise when a retry hits the
-    broker's duplicate check). They sit in send order after ``after`` (this producer's last known offset in the
-    partition) and before ``before`` (its next known one, or the high watermark when none came yet): reading that
-    range back finds them. Read from the end, each is placed at the latest offset consistent with the log, which
+    broker's duplicate check). Written, they sit in send order after ``after`` (this producer's last known offset
+    in the partition) and before ``before`` (its next known one, or the high watermark when none came yet): reading
+    that range back finds them. Read from the end, each is placed at the latest offset consistent with the log, which
     is its own unless another record with the same key, value and headers lies between.
+
+    librdkafka acknowledges a refused request implicitly too, and never sends it again, when the partition took the
+    later one because it held no state of this producer yet (a new topic's partition before its leader was ready:
+    ``TopicAdmin.ensure`` waits for them). Such writes are not in the range, and :meth:`Delivery.result` says so.
     """
 
     topic: str
@@ -251,8 +255,7 @@ class Delivery:
             self._producer._place(self._gap, timeout_s)
         if self._unplaced is not None:
             raise ProducerError(
-                f"write to {self.topic} was acknowledged without its offset, and not found in {self._unplaced}: "
-                "the change is written, but its position is unknown",
+                f"write to {self.topic} was acknowledged without its offset, and not found in {self._unplaced}",
                 topic=self.topic,
             )
         if self._error is not None:
@@ -553,16 +556,17 @@ class ChangeProducer:
         }
         where = f"{gap.topic} [{gap.partition}]"
         deadline = time.monotonic() + timeout_s
+        end = gap.before  # the range's end, once known (the high watermark if no later offset came)
         while True:
             consumer = Consumer(config)  # a new one each time: a client's metadata can hold on to a stale answer
             try:
-                start = None if gap.after is None else gap.after + 1
-                end = gap.before
-                if start is None or end is None:
-                    low, high = consumer.get_watermark_offsets(TopicPartition(gap.topic, gap.partition), timeout_s)
-                    start = low if start is None else max(low, start)
-                    end = high if end is None else end
+                low, high = consumer.get_watermark_offsets(TopicPartition(gap.topic, gap.partition), timeout_s)
+                start = low if gap.after is None else max(low, gap.after + 1)
+                end = high if gap.before is None else gap.before
                 offsets = _find_from_the_end(consumer, gap, start, end, max(1.0, deadline - time.monotonic()))
+                # Read whole, unless retention (or a deletion of records) took the range's start: a write of a
+                # producer's first in the partition is no older than the log's start was when it began.
+                complete = gap.after is None or low <= gap.after + 1
                 break
             except KafkaException as exc:  # e.g. the partition's leader moving: ask again until the deadline
                 error = exc.args[0]
@@ -572,6 +576,7 @@ class ChangeProducer:
                     continue
                 offsets = [None] * len(gap.members)
                 where += f" ({error.str()})"
+                complete = False
                 break
             finally:
                 consumer.close()
@@ -579,6 +584,13 @@ class ChangeProducer:
         searched = "from the log's start" if gap.after is None else f"after offset {gap.after}"
         if end is not None:
             searched += f" up to offset {end}"
+        if complete:
+            searched += (
+                ", where it would be: it was most likely refused (a partition not ready yet) and acknowledged when a "
+                "later write was taken, so treat it as not written and what follows it as ahead of it"
+            )
+        else:
+            searched += ": whether it was written is unknown (librdkafka acknowledges refused writes too)"
         for (delivery, _), offset in zip(gap.members, offsets, strict=True):
             if offset is None:
                 delivery._unplaced = f"{where} {searched}"

@@ -206,6 +206,26 @@ def _mismatches(
     return findings
 
 
+class _Backoff:
+    """Polling the broker for what it cannot announce (a new topic's metadata, its partitions' leaders): waits of
+    20 ms doubling up to 0.5 s between polls, until a deadline."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self._deadline = time.monotonic() + timeout_s
+        self._delay = 0.02
+
+    def left(self) -> float:
+        """Seconds to the deadline (at least 0.1: a request needs some time)."""
+        return max(0.1, self._deadline - time.monotonic())
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self._deadline
+
+    def wait(self) -> None:
+        time.sleep(self._delay)  # back off between polls; the deadline bounds the wait
+        self._delay = min(self._delay * 2, 0.5)
+
+
 class TopicAdmin:
     """Creates and validates replica topics with confluent-kafka's AdminClient."""
 
@@ -254,19 +274,17 @@ class TopicAdmin:
 
     def _describe_created(self, name: str) -> tuple[int, int, dict[str, str]]:
         """Describe a topic that was just created: metadata can lag creation, so poll until it shows."""
-        deadline = time.monotonic() + self.timeout_s
-        delay = 0.02
+        backoff = _Backoff(self.timeout_s)
         while True:
             described = self.describe(name)
             if described is not None:
                 return described
-            if time.monotonic() >= deadline:
+            if backoff.expired():
                 raise TopicError(
                     f"topic {name!r} was created on {self._bootstrap} but its metadata did not "
                     f"show it within {self.timeout_s:.0f}s"
                 )
-            time.sleep(delay)  # back off between polls; the deadline bounds the wait
-            delay = min(delay * 2, 0.5)
+            backoff.wait()
 
     def validate(self, name: str, expected: TopicSpec | None = None, local: bool = False) -> TopicReport:
         """Report on an existing topic; raises :class:`TopicError` if it does not exist."""
@@ -282,7 +300,7 @@ class TopicAdmin:
         from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import NewTopic
 
-        created = False
+        created = fresh = False  # fresh: created by this call or by another one just now
         if self.describe(spec.name) is None:
             topic = NewTopic(
                 spec.name,
@@ -294,7 +312,7 @@ class TopicAdmin:
                 self._admin.create_topics([topic], operation_timeout=self.timeout_s)[spec.name].result(
                     timeout=self.timeout_s
                 )
-                created = True
+                created = fresh = True
                 logger.info(
                     "created topic %s (%d partitions, rf %d)", spec.name, spec.partitions, spec.replication_factor
                 )
@@ -311,9 +329,63 @@ class TopicAdmin:
                     ) from exc
                 if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise TopicError(f"creating topic {spec.name!r} failed: {error.str()}") from exc
+                fresh = True
         partitions, replication, configs = self._describe_created(spec.name)
+        if fresh:
+            self._await_leaders(spec.name, partitions)
         findings = assess(partitions, replication, configs, spec, local)
         return TopicReport(spec.name, created, partitions, replication, configs, findings)
+
+    def _await_leaders(self, name: str, partitions: int) -> None:
+        """Return once every partition of a topic just created answers its leader's offset request.
+
+        Until then the broker refuses writes to a partition, and an idempotent librdkafka producer whose later
+        write to it is taken first (a new partition takes any first sequence number) reports the refused ones as
+        acknowledged, without offsets, and never sends them again: they are lost.
+        """
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        # What a partition answers until its leader is ready (and what the client says until its metadata shows the
+        # topic's partitions, _NOENT, seen here in 2 of 3 requests just after creation); other errors end the wait.
+        not_yet = {
+            KafkaError._NOENT,
+            KafkaError.LEADER_NOT_AVAILABLE,
+            KafkaError.NOT_LEADER_FOR_PARTITION,
+            KafkaError.UNKNOWN_TOPIC_OR_PART,
+            KafkaError._UNKNOWN_PARTITION,
+            KafkaError._TIMED_OUT,
+            KafkaError.REQUEST_TIMED_OUT,
+        }
+        backoff = _Backoff(self.timeout_s)
+        waiting = set(range(partitions))
+        while True:
+            left = backoff.left()
+            request = {TopicPartition(name, p): OffsetSpec.latest() for p in sorted(waiting)}  # type: ignore[no-untyped-call]
+            futures = self._admin.list_offsets(request, request_timeout=left)
+            last = ""
+            for tp, future in futures.items():
+                try:
+                    future.result(timeout=left + 5)  # librdkafka's own timeout answers first
+                    waiting.discard(tp.partition)
+                except KafkaException as exc:
+                    error = exc.args[0]
+                    if error.code() not in not_yet and not error.retriable():
+                        raise TopicError(
+                            f"topic {name!r} was created on {self._bootstrap} but partition {tp.partition} refused "
+                            f"its offsets: {error.str()}"
+                        ) from exc
+                    last = error.str()
+                except (TimeoutError, RuntimeError) as exc:  # no answer in time, or the request as a whole failed
+                    last = str(exc)
+            if not waiting:
+                return
+            if backoff.expired():
+                raise TopicError(
+                    f"topic {name!r} was created on {self._bootstrap} but {len(waiting)} of its {partitions} "
+                    f"partitions had no leader within {self.timeout_s:.0f}s ({last}): check the brokers' logs"
+                )
+            backoff.wait()
 
     def delete(self, name: str) -> None:
         """Delete a topic (tests and the sandbox only)."""

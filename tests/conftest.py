@@ -106,11 +106,15 @@ def production_codegen(spark: SparkSession) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def kafka(settings: LocalSettings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
     # The log cleaner looks for work every 0.5 s (15 s by default), so a test can wait for it to compact a topic.
+    # The controller fences a broker it has not heard from in broker.session.timeout.ms (2 s on an embedded broker,
+    # so that one killed can register again soon), then moves every partition's leader. This broker is never
+    # killed, but a test pauses it (SIGSTOP) for 12 s or more, and a loaded machine can starve it: after one such
+    # fencing a reader of the paused topic found no record in 60 s.
     broker = EmbeddedKafka(
         tmp_path_factory.mktemp("broker"),
         settings.state_dir,
         settings.java_home,
-        properties={"log.cleaner.backoff.ms": "500"},
+        properties={"log.cleaner.backoff.ms": "500", "broker.session.timeout.ms": "60000"},
     )
     with broker:
         yield broker

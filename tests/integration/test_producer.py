@@ -47,8 +47,14 @@ def consume(
     until: Callable[[dict[Position, Record]], bool],
     isolation: str = "read_committed",
     timeout_s: float = 30.0,
+    assigned: int | None = None,
 ) -> dict[Position, Record]:
-    """Read ``topics`` from the start (fresh group) until ``until(records)`` holds; fail at the deadline."""
+    """Read ``topics`` from the start (fresh group) until ``until(records)`` holds; fail at the deadline.
+
+    ``assigned``: read that partition of each topic instead, with no consumer group (no coordinator to wait for).
+    """
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
     consumer = Consumer(
         {
             **connection,
@@ -60,7 +66,10 @@ def consume(
     )
     records: dict[Position, Record] = {}
     try:
-        consumer.subscribe(list(topics))
+        if assigned is None:
+            consumer.subscribe(list(topics))
+        else:
+            consumer.assign([TopicPartition(topic, assigned, OFFSET_BEGINNING) for topic in topics])
         deadline = time.monotonic() + timeout_s
         while not until(records):
             assert time.monotonic() < deadline, f"gave up after {timeout_s}s with {len(records)} record(s)"
@@ -419,9 +428,9 @@ def test_a_write_acknowledged_without_its_offset_still_gets_its_exact_position(
     assert a._gap is not None, "a was acknowledged with its offset: the case under test did not happen"
     assert a_position == Position(topic, 0, first.offset + 1)
     assert b_position == Position(topic, 0, first.offset + 2)
-    # After the pause a consumer group's first read (its coordinator) took over 30 s once on a slow machine, while
-    # the partition itself was readable. Waiting for it here also hands the next test a broker that serves groups.
-    records = consume(connection, [topic], has_all([a_position, b_position]), timeout_s=240)
+    # Read back by assignment: after the pause a consumer group's first read (its coordinator) took over 30 s once
+    # on a slow machine, and once found nothing in 240 s, while the partition itself was readable.
+    records = consume(connection, [topic], has_all([a_position, b_position]), timeout_s=60, assigned=0)
     assert (records[a_position].key, records[a_position].value) == (encode_key(a_change.key), encode_value(a_change))
     assert (records[b_position].key, records[b_position].value) == (encode_key(b_change.key), encode_value(b_change))
 
@@ -435,6 +444,9 @@ def test_writes_acknowledged_without_offsets_are_placed_among_other_producers_re
     def write(producer: ChangeProducer, change: Change) -> int:
         return producer.write(topic, change).offset
 
+    def write_to(name: str, change: Change) -> int:
+        return ours.write(name, change).offset
+
     same = Change(key={"id": 7}, data={"id": 7, "v": "same"})
     before = write(ours, Change(key={"id": 1}, data={"id": 1}))
     write(theirs, same)  # the same bytes as one of ours, before it
@@ -446,9 +458,11 @@ def test_writes_acknowledged_without_offsets_are_placed_among_other_producers_re
     after = write(ours, Change(key={"id": 4}, data={"id": 4}))
     copy = write(theirs, Change(key={"id": 2}, data={"id": 2}))  # the same bytes as x, after this producer's next
 
-    def placed(members: list[Change], after_offset: int | None, before_offset: int | None) -> list[Position]:
-        gap = _Gap(topic, 0, after=after_offset, before=before_offset)
-        deliveries = [Delivery(ours, topic) for _ in members]
+    def placed(
+        members: list[Change], after_offset: int | None, before_offset: int | None, in_topic: str = topic
+    ) -> list[Position]:
+        gap = _Gap(in_topic, 0, after=after_offset, before=before_offset)
+        deliveries = [Delivery(ours, in_topic) for _ in members]
         for delivery, change in zip(deliveries, members, strict=True):
             gap.members.append((delivery, (encode_key(change.key), encode_value(change), ())))
             delivery._complete_in(gap)
@@ -464,14 +478,36 @@ def test_writes_acknowledged_without_offsets_are_placed_among_other_producers_re
     assert [p.offset for p in placed([x_change], before, None)] == [copy]
     # With no earlier known offset (the first write to the partition), the range starts at the log's start.
     assert [p.offset for p in placed([Change(key={"id": 1}, data={"id": 1}), x_change], None, y)] == [before, x]
-    # A write that is not in the range is an error that says so, not a position.
-    with pytest.raises(ProducerError, match="acknowledged without its offset, and not found"):
+    # A write that is not in the range is an error that says so, not a position: it was refused, not written.
+    with pytest.raises(ProducerError, match=r"without its offset, and not found .* treat it as not written"):
         placed([Change(key={"id": 9}, data={"id": 9})], before, after)
     # Its bytes are only before the range.
     with pytest.raises(ProducerError, match="acknowledged without its offset, and not found"):
         placed([Change(key={"id": 1}, data={"id": 1})], x, after)
+    # The range's start deleted (as retention does): not finding a write there says nothing, and the error says so.
+    admin, deleting = TopicAdmin(connection), f"t-{uuid.uuid4().hex[:10]}"
+    admin.ensure(TopicSpec.local(deleting, partitions=1, compact=False), local=True)
+    first, gone, last = (write_to(deleting, Change(key={"id": i}, data={"id": i})) for i in range(3))
+    admin.delete_records_before(deleting, {0: last})
+    with pytest.raises(ProducerError, match="whether it was written is unknown"):
+        placed([Change(key={"id": 1}, data={"id": 1})], first, last, in_topic=deleting)
+    assert gone == first + 1
     ours.close()
     theirs.close()
+
+
+def test_a_write_acknowledged_without_its_offset_whose_partition_cannot_be_read_is_of_unknown_fate(
+    connection: dict[str, str],
+) -> None:
+    producer = ChangeProducer(connection)
+    missing = f"t-{uuid.uuid4().hex[:10]}"  # never created: reading it back fails until the deadline
+    gap = _Gap(missing, 0, after=None)
+    delivery = Delivery(producer, missing)
+    gap.members.append((delivery, (encode_key({"id": 1}), None, ())))
+    delivery._complete_in(gap)
+    with pytest.raises(ProducerError, match="whether it was written is unknown"):
+        delivery.result(timeout_s=2)
+    producer.close()
 
 
 def test_a_lower_seq_after_a_higher_one_is_refused_before_it_is_written(

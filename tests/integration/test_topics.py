@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from jobs import topics as topics_job
 from replica_dev.embedded_kafka import free_port
@@ -72,6 +74,26 @@ def test_ensure_creates_many_topics_back_to_back(connection: dict[str, str]) -> 
     reports = [admin.ensure(TopicSpec.local(unique("burst"), partitions=3), local=True) for _ in range(8)]
 
     assert [(r.created, r.partitions) for r in reports] == [(True, 3)] * 8
+
+
+def test_a_created_topic_has_a_leader_for_every_partition_when_ensure_returns(connection: dict[str, str]) -> None:
+    """A partition without its leader refuses writes, and librdkafka then acknowledges refused writes without
+    offsets when a later one to that partition is taken: they are lost. After ensure() none is refused."""
+    admin = TopicAdmin(connection)
+    name = unique("ready")
+
+    admin.ensure(TopicSpec.local(name, partitions=40), local=True)
+
+    client = AdminClient({**connection, "logger": logging.getLogger(__name__)})  # quiet once the broker stops
+    request = {TopicPartition(name, p): OffsetSpec.latest() for p in range(40)}
+    futures = client.list_offsets(request, request_timeout=10)
+    errors = {}
+    for tp, future in futures.items():
+        try:
+            future.result(timeout=10)
+        except KafkaException as exc:
+            errors[tp.partition] = exc.args[0].str()
+    assert errors == {}
 
 
 def test_validate_flags_a_delete_policy_topic_with_finite_retention(connection: dict[str, str]) -> None:
