@@ -45,6 +45,16 @@ DEBEZIUM_VERSION = "3.6.1.Final"
 #: Debezium's PostgreSQL connector, a Connect plugin: it goes on the worker's ``plugin.path``, in a class loader of
 #: its own, so that the Kafka client it was built with (newer than the worker's) stays out of the worker's way.
 DEBEZIUM_POSTGRES_PACKAGES: tuple[str, ...] = (f"io.debezium:debezium-connector-postgres:{DEBEZIUM_VERSION}",)
+#: Kafka's command-line tools (``kafka-consumer-groups.sh`` runs one of its classes), at the broker's version.
+KAFKA_TOOLS_PACKAGES: tuple[str, ...] = (f"org.apache.kafka:kafka-tools:{KAFKA_BROKER_VERSION}",)
+#: What ``./replica setup`` caches beside Spark's packages, each under its own name, so that later runs, the tests'
+#: included, resolve nothing from the network.
+LOCAL_TOOLS: dict[str, tuple[tuple[str, ...], str]] = {
+    "kafka-broker": (BROKER_PACKAGES, f"Kafka broker {KAFKA_BROKER_VERSION}"),
+    "kafka-tools": (KAFKA_TOOLS_PACKAGES, f"Kafka's tools {KAFKA_BROKER_VERSION}"),
+    "kafka-connect": (CONNECT_PACKAGES, f"Kafka Connect {KAFKA_BROKER_VERSION}"),
+    "debezium-postgres": (DEBEZIUM_POSTGRES_PACKAGES, f"Debezium's PostgreSQL connector {DEBEZIUM_VERSION}"),
+}
 
 RESOURCES = Path(__file__).resolve().parent / "resources"
 MIN_JAVA = 17

@@ -18,8 +18,9 @@ def main(argv: list[str]) -> int:
     def body() -> int:
         java = maven.find_java(settings.java_home)
         print(f"Java {java.major}: {java.executable}")
-        jars = maven.resolve_jars(java, maven.BROKER_PACKAGES, settings.state_dir, "kafka-broker")
-        print(f"Kafka broker {maven.KAFKA_BROKER_VERSION}: {len(jars)} jars cached")
+        for name, (packages, what) in maven.LOCAL_TOOLS.items():  # the first run downloads them: minutes
+            jars = maven.resolve_jars(java, packages, settings.state_dir, name)
+            print(f"{what}: {len(jars)} jars cached")
         spark = build_session("replica-setup", settings, master="local[1]")
         print(f"Spark {spark.version} with {', '.join(artifacts.SPARK_PACKAGES)}: ready")
         spark.stop()

@@ -28,8 +28,6 @@ from tests.integration.test_semantics import assert_matches_model
 
 pytestmark = pytest.mark.integration
 
-#: Kafka's command-line tools (kafka-consumer-groups.sh runs this class), at the embedded broker's version.
-KAFKA_TOOLS = (f"org.apache.kafka:kafka-tools:{maven.KAFKA_BROKER_VERSION}",)
 CONSUMER_GROUP_COMMAND = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
 EVENT_S = 1_700_000_000.0  # the event time support.upsert gives every change
 
@@ -38,7 +36,7 @@ EVENT_S = 1_700_000_000.0  # the event time support.upsert gives every change
 def tools_classpath(settings: LocalSettings) -> str:
     """The classpath of Kafka's tools (resolved from Maven Central once, then cached like the broker's jars)."""
     java = maven.find_java(settings.java_home)
-    jars = maven.resolve_jars(java, KAFKA_TOOLS, settings.state_dir, "kafka-tools")
+    jars = maven.resolve_jars(java, maven.KAFKA_TOOLS_PACKAGES, settings.state_dir, "kafka-tools")
     return ":".join(str(jar) for jar in jars)
 
 
