@@ -51,6 +51,13 @@ def _default_jvm(*options: str) -> Iterator[None]:
         os.environ["SPARK_SUBMIT_OPTS"] = launched
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The benchmark's smoke test runs last: its job starts with the first integration test and runs beside the
+    others (tests/integration/test_bench.py)."""
+    bench = "tests/integration/test_bench.py::"
+    items.sort(key=lambda item: item.nodeid.startswith(bench))  # a stable sort: the others keep their order
+
+
 @pytest.fixture(scope="session", autouse=True)
 def catalog_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The run's own local catalog: replicas started by tests leave their names there, not in the checkout's."""

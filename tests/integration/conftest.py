@@ -3,6 +3,7 @@ notebooks): ``served_a`` copy-on-write with a metrics table, ``served_b`` merge-
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,16 @@ from replica_dev.model import LoggedChange
 from replica_lib.config import ReplicaConfig, load_replica
 from replica_lib.stream import run_replica
 from replica_lib.topics import TopicAdmin, TopicSpec
-from tests.integration.support import delete, produce, produce_garbage, run_available_now, tombstone, upsert
+from tests.integration.support import (
+    BenchRun,
+    delete,
+    produce,
+    produce_garbage,
+    run_available_now,
+    start_bench,
+    tombstone,
+    upsert,
+)
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,24 @@ def changes() -> list[Any]:
         *(upsert(order_id, 1, "new", amount=order_id * 1.5) for order_id in range(7, 13)),
         *(upsert(order_id, 2, "paid", amount=order_id * 1.5) for order_id in range(7, 13)),
     ]
+
+
+BENCH_TESTS = "tests/integration/test_bench.py::"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def bench_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BenchRun | None]:
+    """The benchmark's smoke run, started with the first integration test when test_bench.py runs (last: it waits
+    for the run there), so that the run uses the CPU the other tests leave idle."""
+    if not any(item.nodeid.startswith(BENCH_TESTS) for item in request.session.items):
+        yield None
+        return
+    kafka: EmbeddedKafka = request.getfixturevalue("kafka")
+    run = start_bench(kafka.bootstrap_servers, tmp_path_factory.mktemp("bench"))
+    try:
+        yield run
+    finally:
+        run.kill()
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +17,14 @@ from pyspark.sql import types as T
 
 from replica_dev.conf import orders_table as orders_table  # re-exported for the tests
 from replica_dev.conf import replica_doc
+from replica_dev.embedded_kafka import die_with
 from replica_dev.model import LoggedChange, fold
-from replica_lib.config import ReplicaConfig, parse_replica
+from replica_lib.config import PROJECT_ROOT, ReplicaConfig, parse_replica
 from replica_lib.layout import read_state
 from replica_lib.producer import Change, ChangeProducer, ProducerSettings
 from replica_lib.stream import start_replica
 from replica_lib.target import table_schema
+from tests.conftest import default_jvm_environ
 
 RUN_TIMEOUT_S = 300
 
@@ -123,3 +130,78 @@ def produce_garbage(connection: dict[str, str], topic: str, partition: int) -> i
     (offset,) = offsets
     assert offset is not None
     return offset
+
+
+#: Seconds the test waits for the run once it is its turn: the run may still be on its first phase if the suite
+#: left it no CPU until then.
+WAIT_S = 900
+
+
+@dataclass
+class BenchRun:
+    """The benchmark job started in the background: its process, its output files and its own catalog."""
+
+    proc: subprocess.Popen[str]
+    stdout: Path
+    stderr: Path
+    out: Path
+    catalog: Path
+
+    def wait(self) -> tuple[int, str, str]:
+        """The job's exit code, stdout and stderr, once it has ended (killed after :data:`WAIT_S`)."""
+        try:
+            code = self.proc.wait(timeout=WAIT_S)
+        finally:
+            self.kill()
+        return code, self.stdout.read_text(), self.stderr.read_text()
+
+    def kill(self) -> None:
+        """Kill the job and every process it started (spark-submit's JVM, the Python driver) that still runs."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def start_bench(bootstrap_servers: str, workdir: Path) -> BenchRun:
+    """Start the benchmark's smoke run, niced, with a catalog of its own (so that its check sees only its names)."""
+    out, catalog = workdir / "out", workdir / "catalog"
+    args = {
+        "--events": 400,
+        "--keys": 150,
+        "--batch-size": 150,
+        "--fresh-contenders": "ceiling,ours,ours-mor",
+        "--fresh-rate": 50,
+        "--fresh-seconds": 2,
+        "--fresh-rows": 500,
+        "--growth-rows": 1000,
+        "--growth-keys": "uniform",  # recent keys take the same path
+        "--growth-batch-size": 50,
+        "--growth-batches": 2,
+        "--warmup-events": 0,
+        "--repeats": 1,
+        "--bootstrap-servers": bootstrap_servers,
+        "--workdir": workdir / "work",
+        "--out": out,
+    }
+    stdout, stderr = workdir / "stdout.log", workdir / "stderr.log"
+    env = {**default_jvm_environ(), "REPLICA_CATALOG_DIR": str(catalog)}  # the JVM's default compilers: it runs long
+    with stdout.open("w") as out_file, stderr.open("w") as err_file:
+        proc = subprocess.Popen(
+            [
+                "nice",
+                "-n",
+                "19",
+                str(PROJECT_ROOT / "spark-submit.sh"),
+                "jobs/dev/bench.py",
+                *(str(x) for kv in args.items() for x in kv),
+                "--profile",
+            ],
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdout=out_file,
+            stderr=err_file,
+            text=True,
+            start_new_session=True,  # a process group of its own, to kill whole
+            preexec_fn=die_with(os.getpid()),  # and killed with this process if it dies without its teardown
+        )
+    return BenchRun(proc, stdout, stderr, out, catalog)
