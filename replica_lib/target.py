@@ -639,6 +639,16 @@ def _evolve_to(spark: SparkSession, declared: TableSchema, cfg: ReplicaConfig) -
     schema, evolution = plan_evolution(existing, declared, cfg.source_file)
     if evolution:
         evolve_table(spark, schema, evolution, cfg.name, f"the config declares it: {evolution.describe()}")
+    if evolution.added and not is_empty(spark, declared.table.target):
+        logger.warning(
+            "replica %s: table %s gains column(s) %s from the config, which its rows so far read as NULL: the "
+            "records applied before were read without them, and any value they held for them is not in the table; "
+            "to fill them from the log, rebuild it: ./replica rebuild %s --into <folder> --swap",
+            cfg.name,
+            declared.table.name,
+            ", ".join(f.name for f in evolution.added),
+            cfg.source_file,
+        )
     return schema
 
 

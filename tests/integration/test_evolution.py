@@ -161,7 +161,11 @@ def test_a_one_table_replica_decodes_the_batches_after_new_columns_by_them(
 
 
 def test_a_conf_change_adds_and_widens_columns_at_restart(
-    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+    spark: SparkSession,
+    connection: dict[str, str],
+    topic_factory: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     topic = topic_factory(partitions=2)
     narrow = "order_id BIGINT, customer STRING, amount FLOAT, status STRING, updated_ms INT"
@@ -175,8 +179,12 @@ def test_a_conf_change_adds_and_widens_columns_at_restart(
     wider = replica_config(tmp_path, connection["bootstrap.servers"], "widening", {"orders": {**spec, "schema": wide}})
     big = [change(k, k + 10, updated_ms=5_000_000_000 + k, channel="web") for k in range(3, 12)]
     log += produce(connection, topic, [*big, gone(4, 30)], table="orders")
-    run(spark, wider)
+    with caplog.at_level(logging.WARNING, logger="replica_lib.target"):
+        run(spark, wider)
     assert_model(spark, wider, "orders", log)
+    # The rows applied before read NULL in the new column, whatever their records held: said, with the fix.
+    (said,) = [r.getMessage() for r in caplog.records if "gains column(s) channel from the config" in r.getMessage()]
+    assert f"./replica rebuild {wider.source_file} --into <folder> --swap" in said
     assert user_columns(spark, wider, "orders")[:6] == [
         ("order_id", "bigint"),
         ("customer", "string"),
