@@ -2,8 +2,9 @@
 
 ``list`` groups the unresolved records by reason (counts, tables, sample coordinates) and says how many keys they
 hold; ``replay`` applies them again after a fix, exactly once and in log order (replica_lib.replay; the replica
-stopped, or waited for with --wait); ``drop`` gives up records with a reason recorded, releasing the keys they hold
-(safe beside a running replica: it sees the release at its next batch). Each is idempotent.
+stopped, or waited for with --wait); ``drop`` gives up records with a reason recorded (safe beside a running
+replica): a key they held stays held while a later record of it waits in the quarantine, which ``replay`` applies.
+Each is idempotent.
 """
 
 from __future__ import annotations

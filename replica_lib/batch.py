@@ -16,7 +16,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field, replace
 from functools import reduce
@@ -212,8 +212,14 @@ class BatchHandler:
         report: Callable[[BatchStats], None] | None = None,
         monitored: bool = True,
         replay: bool = False,
+        topic_ids: Mapping[str, str] | None = None,
+        quarantine_id: str | None = None,
     ) -> None:
         self.cfg, self.schemas = cfg, schemas
+        #: Recorded with the offsets of every commit, so that a topic created again under its name is told apart.
+        self.topic_ids = dict(topic_ids or {})
+        #: Recorded too: the quarantine table holds what the tables' rows wait for (``replica_lib.recovery``).
+        self.quarantine_id = quarantine_id
         #: Applying quarantined records again (``replica_lib.replay``): the records rejected again stay where they
         #: are (in :attr:`rejected_again`), and the commits record no offsets.
         self.replay = replay
@@ -386,6 +392,11 @@ class BatchHandler:
             metadata["replay"] = True  # no offsets: such a commit says nothing of how far the log is applied
         else:
             metadata["offsets"] = offsets_json(stats.offsets)
+            if self.topic_ids:
+                metadata["topic_ids"] = self.topic_ids
+            metadata["sequence_by"] = {t.name: t.sequence_by for t in self.cfg.tables}
+            if self.quarantine_id:
+                metadata["quarantine_id"] = self.quarantine_id
         stage = _Stages(spark, stats, f"replica {self.cfg.name} batch {batch_id}")
         return _Batch(batch_id, spark, self._generation, stats, stage, metadata)
 

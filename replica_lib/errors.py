@@ -63,6 +63,11 @@ class CheckpointError(ReplicaError):
     """A checkpoint cannot be used by this replica (it belongs to another replica, or is damaged)."""
 
 
+class ChecksumError(CheckpointError):
+    """A file of a checkpoint does not match the checksum that Hadoop's file system keeps beside it (``.NAME.crc``):
+    it was changed by hand or damaged."""
+
+
 class PartitionsChangedError(ReplicaError):
     """A topic gained partitions under a table ordered by log position, whose order then no longer holds."""
 
@@ -73,6 +78,11 @@ class KeyAcrossPartitionsError(PartitionsChangedError):
 
 class DataLossError(ReplicaError):
     """The log no longer holds records this replica has not applied yet; says what is missing and how to rebuild."""
+
+
+class TopicReplacedError(ReplicaError):
+    """A topic was deleted and created again under its name since the replica applied offsets of it: those offsets
+    name other records now; says how to rebuild from the new topic."""
 
 
 class NotAppliedError(ReplicaError):

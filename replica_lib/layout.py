@@ -16,10 +16,12 @@ readers a wrong state.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -37,7 +39,7 @@ from replica_lib.merge import (
     typed_conflicts,
 )
 from replica_lib.ordering import log_order, one_per_key, unapplied
-from replica_lib.progress import applied_offsets, offsets_json
+from replica_lib.progress import SWAP_GENERATION, applied_offsets, offsets_json
 from replica_lib.target import (
     CHANGE_LOG_PARTITIONS,
     PROVENANCE_COLUMNS,
@@ -54,6 +56,7 @@ from replica_lib.target import (
     sql_string,
     sql_type,
     tombstone_target,
+    user_columns,
     version_columns,
 )
 
@@ -87,11 +90,14 @@ def state_sql(schema: TableSchema, base: str, changes: str, tombstones: str, who
     query fails (Spark's ``raise_error``, as :class:`~replica_lib.ordering.LogOrder` fails a batch) for a key whose
     candidates come from two, rather than show one of them. Another engine puts its own error function there.
 
-    The change log is the first table either shape names (in its first CTE): Spark resolves a query's tables in
-    that order, taking each Delta table's snapshot as it does, and every other reference to the same table in the
-    query shares that snapshot (the analyzer's relation cache). So a query of the catalog's view, which cannot pin
-    the change log's version as :func:`read_state` does, reads it before the base and the retained deletes too:
-    a fold writes those two before it retires the changes it applied, so every change is in one of the reads.
+    A query of the catalog's view cannot pin the change log's version as :func:`read_state` does, so it must take
+    the change log's snapshot before the base's and the retained deletes' (a fold writes those two before it
+    retires the changes it applied, so every change is then in one of the reads). Delta takes the snapshot each
+    table's files are read from in its optimizer rule ``PrepareDeltaScan`` (not at analysis, whose snapshot gives
+    the schema only), one per table for the whole query, visiting subqueries first and then the plan from the top:
+    here the ``EXISTS`` subqueries, which read the change log alone, or in the whole shape the ``UNION`` whose first
+    branch is the change log. That holds with Delta's defaults (``spark.databricks.delta.stats.skipping`` on,
+    ``stalenessLimit`` 0), read in Delta 4.4's and Spark 4.2's sources.
     """
     keys = list(schema.table.keys)
     columns = [f.name for f in schema.replica_schema.fields]
@@ -147,25 +153,102 @@ WHOLE_MAX_BYTES = 32 << 20
 def read_state(spark: SparkSession, table: TableConfig, changes_version: int | None = None) -> DataFrame:
     """A table's state: a copy-on-write table's rows, a merge-on-read table's :func:`state_sql`.
 
-    ``changes_version``: read a merge-on-read table's change log at that version (the base and the retained
-    deletes as they are now, which is exact: a fold writes those before it retires the changes it applied). By
-    default its latest version, taken before the other two are read, for the same reason: a fold may run beside.
+    By default the latest state: the change log's latest version, taken before the base and the retained deletes
+    are read as they are now, which is exact, since a fold writes those two before it retires the changes it
+    applied (a fold may run beside). ``changes_version``: the state at that version of the change log (a time
+    travel, :mod:`replica_lib.reads`): the base and the retained deletes are read as they were before the first
+    fold of changes appended after it, or the first swap that replaced them after it (:func:`_before_folds_past`),
+    and each at its own columns of then.
     """
     if not table.merge_on_read:
         return read_table(spark, table.target)
+    log = None
     if changes_version is None:
         log = log_state(spark, changes_target(table))
         if log is None or not log.files:
             return read_table(spark, table.target)  # nothing pending: the table is the state (a fold only adds to it)
-        changes_version = log.version
-    changes = changes_target(table).describe()
-    if changes_version is not None:
-        changes = f"{changes} VERSION AS OF {int(changes_version)}"
     schema = current_schema(spark, table)  # the columns added from the data since, too
     deletes = tombstone_target(table)
     sizes = [size_bytes(spark, target) for target in (table.target, deletes)]
     whole = all(size is not None for size in sizes) and sum(size or 0 for size in sizes) <= WHOLE_MAX_BYTES
-    return spark.sql(state_sql(schema, table.target.describe(), changes, deletes.describe(), whole))
+    if log is not None:
+        changes = f"{changes_target(table).describe()} VERSION AS OF {int(log.version)}"
+        return spark.sql(state_sql(schema, table.target.describe(), changes, deletes.describe(), whole))
+    assert changes_version is not None
+    swaps = _swaps_after(spark, changes_target(table), changes_version)
+    base_version = _before_folds_past(spark, table.target, changes_version, swaps)
+    deletes_version = _before_folds_past(spark, deletes, changes_version, swaps)
+    return spark.sql(
+        state_sql(
+            schema,
+            _as_of(spark, table.target, base_version, schema),
+            _as_of(spark, changes_target(table), changes_version, schema),
+            deletes.describe() + ("" if deletes_version is None else f" VERSION AS OF {deletes_version}"),
+            whole,
+        )
+    )
+
+
+def _before_folds_past(
+    spark: SparkSession, target: Target, changes_version: int, swaps: frozenset[str] = frozenset()
+) -> int | None:
+    """The last version of a merge-on-read table's base (or retained deletes) before the first fold that read its
+    change log past ``changes_version`` or the first commit of one of ``swaps``; None if there is neither (the
+    latest version is then exact)."""
+    history = delta_table(spark, target).history().select("version", "userMetadata").orderBy("version").collect()
+    for row in history:
+        read = _fold_read(row["userMetadata"])
+        if (read is not None and read > changes_version) or _generation(row["userMetadata"]) in swaps:
+            return int(row["version"]) - 1
+    return None
+
+
+def _swaps_after(spark: SparkSession, changes: Target, changes_version: int) -> frozenset[str]:
+    """The generations of the swaps (:mod:`replica_lib.swap`) that replaced the change log after
+    ``changes_version``: a swap replaces the retained deletes and the base first, in commits of the same
+    generation, which a state at that version must be read before."""
+    history = delta_table(spark, changes).history().where(f"version > {int(changes_version)}").collect()
+    generations = (_generation(row["userMetadata"]) for row in history)
+    return frozenset(g for g in generations if g is not None and g.startswith(SWAP_GENERATION))
+
+
+def _metadata(user_metadata: str | None) -> dict[str, Any]:
+    """A commit's metadata as the replica writes it (a JSON object), or empty for any other commit."""
+    try:
+        metadata = json.loads(user_metadata or "")
+    except ValueError:
+        return {}
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def _generation(user_metadata: str | None) -> str | None:
+    """The generation a replica commit records (a checkpoint's, or a swap's ``swap-<id>``), else None."""
+    generation = _metadata(user_metadata).get("generation")
+    return str(generation) if generation is not None else None
+
+
+def _fold_read(user_metadata: str | None) -> int | None:
+    """The change log version a fold's commit says it read (``read``; a fold before it was recorded, the version of
+    the last batch it folded), or None for another commit."""
+    metadata = _metadata(user_metadata)
+    if "folded" not in metadata:
+        return None
+    return int(metadata["read"] if "read" in metadata else metadata["folded"])
+
+
+def _as_of(spark: SparkSession, target: Target, version: int | None, schema: TableSchema) -> str:
+    """``target`` at ``version`` (None: its latest) as a relation of the state's columns: those it did not have then
+    (added from the data since) read as nulls."""
+    relation = target.describe() + ("" if version is None else f" VERSION AS OF {int(version)}")
+    then = spark.sql(f"SELECT * FROM {relation}").columns
+    if all(f.name in then for f in schema.replica_schema.fields):
+        return relation
+    columns = [
+        _quote(f.name) if f.name in then else f"CAST(NULL AS {sql_type(f.dataType)}) AS {_quote(f.name)}"
+        for f in schema.replica_schema.fields
+    ]
+    columns += ["_op"] if "_op" in then else []  # a change log's
+    return f"(SELECT {', '.join(columns)} FROM {relation})"
 
 
 @dataclass(frozen=True)
@@ -215,6 +298,7 @@ def fold(
     latest = delta_table(spark, log).history(1).select("version").first()
     assert latest is not None
     pending = read_table(spark, log, int(latest[0]))
+    schema = _as_logged(spark, schema, pending.schema)
     marks = {
         str(row["_generation"]): int(row["_batch_id"])
         for row in pending.groupBy("_generation").agg(F.max("_batch_id").alias("_batch_id")).collect()
@@ -229,10 +313,14 @@ def fold(
         "generation": applied.generation,
         "offsets": offsets_json(applied.offsets),
         "folded": applied.version,
+        "read": int(latest[0]),  # the change log's version read: a time travel before it reads the tables before this
     }
     keys = list(table.keys)
     changes = pending.select(
-        *[F.col(_quote(f.name)) for f in schema.kept.fields],
+        *[
+            F.col(_quote(f.name)) if f.name in pending.columns else F.lit(None).cast(f.dataType).alias(f.name)
+            for f in schema.kept.fields
+        ],
         *[F.col(name).alias(name.replace("_src", "", 1)) for name in PROVENANCE_COLUMNS],
         F.col("_op"),
         F.lit(False).alias("_tombstone"),
@@ -278,6 +366,21 @@ def fold(
         retire(spark, table, marks)
     checkpoint(spark, log)  # here, beside the batches, not inside a batch's append (target.CHANGE_LOG_CHECKPOINTS)
     return Folded(applied.version, rows, merged.upserted, merged.deleted)
+
+
+def _as_logged(spark: SparkSession, schema: TableSchema, logged: T.StructType) -> TableSchema:
+    """``schema``, or the table's schema as it is now where the change log (``logged``) has a column it lacks or a
+    wider type: a fold that started with the schema from before a batch added columns (one owed while another
+    fold ran, or the maintenance job's beside the replica) must apply their values, not drop them and then retire
+    the changes that held them. A column is added to the table before its change log, so the table has it."""
+    kept = {f.name: f.dataType for f in schema.kept.fields}
+    columns = user_columns(logged).fields
+    if all(kept.get(f.name) == f.dataType for f in columns):
+        return schema
+    current = current_schema(spark, schema.table)
+    lacking = [f.name for f in columns if f.name not in current.kept.fieldNames()]
+    assert not lacking, f"{schema.table.target.describe()} lacks columns of its change log: {lacking}"
+    return current
 
 
 #: How often :func:`retire` tries again when a batch appended to the change log while it ran.

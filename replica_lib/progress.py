@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from replica_lib.config import Target
+from replica_lib.errors import ChecksumError, jvm_causes
 from replica_lib.session import java_class
 
 logger = logging.getLogger(__name__)
@@ -73,13 +75,30 @@ def rename_path(spark: SparkSession, source: str, destination: str) -> None:
 
 
 def read_text(spark: SparkSession, path: str) -> str:
-    """Read a small file through Hadoop's FileSystem (``spark.read`` would skip names starting with ``_``)."""
+    """Read a small file through Hadoop's FileSystem (``spark.read`` would skip names starting with ``_``).
+
+    Raises :class:`ChecksumError` for a file that no longer matches its checksum file (one edited by hand keeps
+    the old ``.crc`` beside it): which file, and how to go on.
+    """
+    from py4j.java_gateway import is_instance_of
+    from py4j.protocol import Py4JJavaError
+
     fs, hadoop_path = _fs(spark, path)
-    stream = fs.open(hadoop_path)
     try:
-        return str(java_class(spark, "org.apache.commons.io.IOUtils").toString(stream, "UTF-8"))
-    finally:
-        stream.close()
+        stream = fs.open(hadoop_path)
+        try:
+            return str(java_class(spark, "org.apache.commons.io.IOUtils").toString(stream, "UTF-8"))
+        finally:
+            stream.close()
+    except Py4JJavaError as exc:
+        gateway = spark.sparkContext._gateway
+        if not any(is_instance_of(gateway, c, "org.apache.hadoop.fs.ChecksumException") for c in jvm_causes(exc)):
+            raise
+        parent, name = hadoop_path.getParent().toString(), hadoop_path.getName()
+        raise ChecksumError(
+            f"{path} does not match its checksum file {parent}/.{name}.crc: it was changed by hand or damaged; if "
+            f"the change was meant, remove {parent}/.{name}.crc, else put the file back as it was"
+        ) from None
 
 
 def _read_lines(spark: SparkSession, path: str) -> list[str]:
@@ -124,6 +143,15 @@ class AppliedVersion:
     batch_id: int
     generation: str
     offsets: Offsets
+    #: The id of each topic the offsets are of, where the replica knew it (``replica_lib.stream``): a topic deleted
+    #: and created again under its name has another, and offsets that start over.
+    topic_ids: Mapping[str, str] = field(default_factory=dict)
+    #: What each table of the replica was ordered by (its ``sequence_by``; None: the log position), where the commit
+    #: says: the rows keep the versions it gave them, whatever becomes of the checkpoint.
+    sequence_by: Mapping[str, str | None] = field(default_factory=dict)
+    #: The Delta id of the quarantine table the batch wrote beside the tables, where the commit says: the records
+    #: it holds unresolved hold their keys' rows at their state before them.
+    quarantine_id: str | None = None
 
 
 def _parse(version: int, user_metadata: str | None) -> AppliedVersion | None:
@@ -132,7 +160,19 @@ def _parse(version: int, user_metadata: str | None) -> AppliedVersion | None:
     try:
         data: dict[str, Any] = json.loads(user_metadata)
         offsets = parse_offsets(data["offsets"])
-        return AppliedVersion(version, data["replica"], int(data["batch_id"]), data["generation"], offsets)
+        ids = {str(topic): str(topic_id) for topic, topic_id in dict(data.get("topic_ids") or {}).items()}
+        sequences = {str(t): None if s is None else str(s) for t, s in dict(data.get("sequence_by") or {}).items()}
+        quarantine = data.get("quarantine_id")
+        return AppliedVersion(
+            version,
+            data["replica"],
+            int(data["batch_id"]),
+            data["generation"],
+            offsets,
+            ids,
+            sequences,
+            None if quarantine is None else str(quarantine),
+        )
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -188,19 +228,70 @@ def last_writer(spark: SparkSession, target: Target) -> str | None:
     return None if commit is None else commit.applied.replica
 
 
+def restored_since(spark: SparkSession, target: Target) -> tuple[int, str] | None:
+    """A RESTORE of a table newer than its newest replica commit, as (its version, the version it restored), or None.
+
+    Delta's RESTORE puts back an older version's files in a new commit, keeping the table's id; the history's newest
+    replica commit then still names the offsets of the rows it replaced. Only the recent history is read.
+    """
+    for row in _recent_history(spark, target):
+        if _parse(int(row["version"]), row["userMetadata"]) is not None:
+            return None
+        if row["operation"] == "RESTORE":
+            parameters = row["operationParameters"] or {}
+            return int(row["version"]), str(parameters.get("version") or parameters.get("timestamp"))
+    return None
+
+
+#: Recent histories read, by table and version: a replica's start asks each table's several times (who wrote it
+#: last, whether it was restored, its last batch), each read of it a tenth of a second or more.
+_HISTORIES: OrderedDict[tuple[str, int], list[Row]] = OrderedDict()  # least recently used first
+_HISTORIES_KEPT = 64
+
+
+def _recent_history(spark: SparkSession, target: Target) -> list[Row]:
+    """A table's last :data:`_RECENT` commits, newest first (version, operation, operationParameters, userMetadata,
+    committed_s), read once per version of the table."""
+    from delta.tables import DeltaTable
+
+    from replica_lib.target import latest_snapshot  # replica_lib.target imports this module
+
+    snapshot = latest_snapshot(spark, target)
+    version = None if snapshot is None else int(snapshot.version())
+    # The table's id too: a table created again at the same place may reach the same version.
+    key = (f"{target.describe()} {snapshot.metadata().id() if snapshot is not None else ''}", version or 0)
+    if version is not None and key in _HISTORIES:
+        _HISTORIES.move_to_end(key)
+        return _HISTORIES[key]
+    table = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, str(target.table))
+    rows = _history_rows(table.history(_RECENT))
+    if version is not None and rows and int(rows[0]["version"]) == version:
+        _HISTORIES[key] = rows
+        while len(_HISTORIES) > _HISTORIES_KEPT:
+            _HISTORIES.popitem(last=False)
+    return rows
+
+
+def _history_rows(history: DataFrame) -> list[Row]:
+    columns = ("version", "operation", "operationParameters", "userMetadata")
+    committed_s = (F.unix_micros("timestamp") / 1e6).alias("committed_s")
+    return history.select(*columns, committed_s).orderBy(F.col("version").desc()).collect()
+
+
 def _replica_commits(spark: SparkSession, target: Target, replica: str | None) -> Iterator[ReplicaCommit]:
     """``replica``'s commits to a table (any replica's if None), newest first. The recent history is read first, as
     the commit a caller looks for is almost always among the last few; the whole history only if it is not."""
     from delta.tables import DeltaTable
 
-    table = DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, str(target.table))
     below: int | None = None  # the oldest version read so far: the whole history goes on from there
-    for history in (table.history(_RECENT), table.history()):
-        rows = (
-            history.select("version", "userMetadata", (F.unix_micros("timestamp") / 1e6).alias("committed_s"))
-            .orderBy(F.col("version").desc())
-            .collect()
-        )
+    for whole in (False, True):
+        if whole:
+            table = (
+                DeltaTable.forPath(spark, target.path) if target.path else DeltaTable.forName(spark, str(target.table))
+            )
+            rows = _history_rows(table.history())
+        else:
+            rows = _recent_history(spark, target)
         for row in rows:
             if below is not None and int(row["version"]) >= below:
                 continue
@@ -217,6 +308,8 @@ _RECENT = 100  # commits of history read before the whole history is
 #: The checkpoint generation under which replays of quarantined records commit (their batch ids: the time they
 #: started, in ms), between the batches of a replica's own generations.
 REPLAY_GENERATION = "replay"
+#: The generation of a swap's commits (``swap-<swap id>``, :mod:`replica_lib.swap`).
+SWAP_GENERATION = "swap-"
 
 
 def last_batch(spark: SparkSession, target: Target, replica: str, generation: str) -> int:

@@ -17,13 +17,13 @@ import hashlib
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from pyspark.sql import DataFrame, SparkSession
 
 from replica_lib.batch import BatchHandler, BatchHooks, BatchStats
 from replica_lib.config import ReplicaConfig, Target
-from replica_lib.errors import ConfigError, RebuildError
+from replica_lib.errors import ConfigError, RebuildError, TopicError, TopicReplacedError
 from replica_lib.layout import fold
 from replica_lib.meter import metered
 from replica_lib.metrics import late_counts
@@ -37,22 +37,32 @@ from replica_lib.topics import TopicAdmin
 logger = logging.getLogger(__name__)
 
 PLAN_FILE = "_rebuild.json"
+#: Written into a rebuild's folder once its tables were swapped in (:mod:`replica_lib.swap`): they are live now.
+SWAPPED_FILE = "_swapped.json"
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What a rebuild applies: every record below ``ends`` (topic -> partition -> exclusive end offset)."""
+    """What a rebuild applies: every record below ``ends`` (topic -> partition -> exclusive end offset).
+
+    ``topic_ids``: the Kafka id of each topic it read (none where the Python client cannot connect), which its
+    commits record and which a later run and the swap check: offsets of a topic created again name other records.
+    """
 
     ends: Offsets
     generation: str
+    topic_ids: Mapping[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps({"ends": offsets_json(self.ends), "generation": self.generation}, sort_keys=True)
+        data: dict[str, object] = {"ends": offsets_json(self.ends), "generation": self.generation}
+        if self.topic_ids:
+            data["topic_ids"] = dict(sorted(self.topic_ids.items()))
+        return json.dumps(data, sort_keys=True)
 
     @staticmethod
-    def of(ends: Offsets) -> Plan:
+    def of(ends: Offsets, topic_ids: Mapping[str, str] | None = None) -> Plan:
         canonical = json.dumps({t: sorted(parts.items()) for t, parts in sorted(ends.items())})
-        return Plan(ends, "rebuild-" + hashlib.sha256(canonical.encode()).hexdigest()[:16])
+        return Plan(ends, "rebuild-" + hashlib.sha256(canonical.encode()).hexdigest()[:16], dict(topic_ids or {}))
 
 
 def rebuild_config(cfg: ReplicaConfig, root: str) -> ReplicaConfig:
@@ -152,7 +162,15 @@ def plan(
     ``late``: the live replica's late changes by table, for the pre-flight.
     """
     previous = recorded_plan(spark, shadow)
+    ids = topic_ids_now(shadow)
+    if previous is not None and path_exists(spark, f"{shadow.checkpoint}/{SWAPPED_FILE}"):
+        folder = _folder(shadow)
+        raise RebuildError(
+            f"{folder} holds a rebuild of replica {shadow.name} that was swapped in already: its tables are the "
+            f"live ones' past; rebuild into a new folder (or remove {folder} first)"
+        )
     if previous is not None:
+        check_rebuilt_topics(shadow, previous, ids)
         if until is not None and until != previous.ends:
             raise RebuildError(
                 f"{shadow.checkpoint} holds a rebuild up to {_offsets_json(previous.ends)}, not the one asked; "
@@ -160,7 +178,7 @@ def plan(
             )
         logger.info("rebuild %s: going on with the recorded plan up to %s", shadow.name, _offsets_json(previous.ends))
         return previous
-    new = Plan.of(until if until is not None else log_ends(shadow))
+    new = Plan.of(until if until is not None else log_ends(shadow), ids)
     missing = sorted(set(shadow.topics) - set(new.ends))
     if missing:
         raise RebuildError(f"no end offsets given for topic(s) {', '.join(missing)} of replica {shadow.name}")
@@ -176,7 +194,40 @@ def recorded_plan(spark: SparkSession, shadow: ReplicaConfig) -> Plan | None:
     if not path_exists(spark, path):
         return None
     recorded = json.loads(read_text(spark, path))
-    return Plan(parse_offsets(recorded["ends"]), str(recorded["generation"]))
+    ids = {str(topic): str(topic_id) for topic, topic_id in dict(recorded.get("topic_ids") or {}).items()}
+    return Plan(parse_offsets(recorded["ends"]), str(recorded["generation"]), ids)
+
+
+def topic_ids_now(cfg: ReplicaConfig) -> dict[str, str]:
+    """The Kafka id of each of the replica's topics now; none where the Python client cannot connect (a JKS trust
+    store, a Kerberos login) or the broker does not answer, as the replica's own start does without them."""
+    client = cfg.kafka.client_config()
+    if client.settings is None:
+        return {}
+    try:
+        return TopicAdmin(client.settings).topic_ids(list(cfg.topics))
+    except TopicError as exc:
+        logger.warning("replica %s: could not read the topics' ids (%s), which are not checked", cfg.name, exc)
+        return {}
+
+
+def _folder(shadow: ReplicaConfig) -> str:
+    """The folder a rebuild was made in (its plan is in ``<folder>/_rebuild``, :func:`rebuild_config`)."""
+    return shadow.checkpoint.rsplit("/", 1)[0]
+
+
+def check_rebuilt_topics(shadow: ReplicaConfig, rebuilt: Plan, ids: Mapping[str, str]) -> None:
+    """Refuse a rebuild whose topics were deleted and created again since it read them: its tables hold the old
+    topic's records, and the offsets it would go on from name other records now."""
+    for topic, then in sorted(rebuilt.topic_ids.items()):
+        now = ids.get(topic)
+        if now is not None and now != then:
+            folder = _folder(shadow)
+            raise TopicReplacedError(
+                f"rebuild of replica {shadow.name} in {folder}: topic {topic} is not the topic it read (its id was "
+                f"{then}, it is {now} now): it was deleted and created again, so the rebuilt tables hold the old "
+                f"topic's records; rebuild into a new folder (or remove {folder} first)"
+            )
 
 
 #: About how many records one task of a rebuild's read takes: the read is split into tasks of about this size, so
@@ -242,7 +293,8 @@ def apply_range(
     """Apply the records from ``starts`` (the log's start) to ``ends`` to the rebuilt tables as one batch, then
     fold merge-on-read tables, so each holds its state itself, as a reader expects."""
     schemas = ensure_replica_tables(session, shadow)
-    handler = BatchHandler(shadow, schemas, hooks, monitored=False)  # the live replica's consumer group is its own
+    # The live replica's consumer group is its own; the commits record the topics the plan read, as the live ones do.
+    handler = BatchHandler(shadow, schemas, hooks, monitored=False, topic_ids=the_plan.topic_ids)
     try:
         total = records_to_read(shadow, ends, starts)
         with metered(session, f"rebuild {shadow.name}", total):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from replica_lib.config import ReplicaConfig, TableConfig, Target
 from replica_lib.errors import (
@@ -36,25 +38,33 @@ from replica_lib.errors import (
     KeyAcrossPartitionsError,
     PartitionsChangedError,
     ReplicaError,
+    TopicReplacedError,
     jvm_causes,
     jvm_condition,
 )
 from replica_lib.progress import (
+    AppliedVersion,
     Offsets,
     applied_offsets,
+    batch_end_offsets,
     batch_ids,
+    checkpoint_generation,
     last_committed_offsets,
     last_writer,
+    newest_commit,
     offsets_json,
     path_exists,
     read_text,
+    restored_since,
     write_text,
 )
 from replica_lib.target import (
     PROVENANCE_COLUMNS,
     applied_target,
     changes_target,
+    creator,
     read_table,
+    replica_targets,
     table_exists,
     table_id,
     tombstone_target,
@@ -200,10 +210,17 @@ def check_checkpoint(spark: SparkSession, cfg: ReplicaConfig) -> None:
     _check_writers(spark, cfg)
     _check_keys(spark, cfg)
     _check_pending(spark, cfg)
+    _check_restored(spark, cfg)
+    _check_planned(spark, cfg)
     committed = last_committed_offsets(spark, cfg.checkpoint)
-    if owner is None or committed is None:
-        return  # nothing applied yet (or a new checkpoint): any table will do, missing ones are created
-    _check_sequences(cfg, owner.get("sequence_by", {}))
+    by_owner: dict[str, str | None] = (owner or {}).get("sequence_by", {})
+    newest = _newest_commits(spark, cfg)  # what they record travels with the tables: a new checkpoint is checked too
+    by_tables = _sequences_recorded(cfg, newest)
+    _check_unsequenced(spark, cfg, owner, {**by_owner, **by_tables})
+    _check_sequences(cfg, {**(by_owner if committed is not None else {}), **by_tables})
+    if owner is None or committed is None:  # nothing applied yet, or a new checkpoint: missing tables are created
+        _check_quarantine_kept(spark, cfg, _quarantine_recorded(newest), "its tables' newest commits were written")
+        return
     recorded: dict[str, str] = owner.get("table_ids", {})
     applied = json.dumps(offsets_json(committed))
     for table in cfg.tables:
@@ -213,6 +230,115 @@ def check_checkpoint(spark: SparkSession, cfg: ReplicaConfig) -> None:
                 f"replica {cfg.name}: checkpoint {cfg.checkpoint} has applied the log up to {applied}, but {problem}: "
                 f"going on would leave out every change before those offsets; {_rebuild_fix(cfg)}"
             )
+    where = f"checkpoint {cfg.checkpoint} has applied the log up to {applied}"
+    _check_quarantine_kept(spark, cfg, recorded.get(QUARANTINE_LABEL), where)
+
+
+def _newest_commits(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, AppliedVersion]:
+    """Per table, what its newest commit of this replica records (tables without one left out)."""
+    found: dict[str, AppliedVersion] = {}
+    for table in cfg.tables:
+        target = applied_target(table)
+        newest = newest_commit(spark, target, cfg.name) if table_exists(spark, target) else None
+        if newest is not None:
+            found[table.name] = newest.applied
+    return found
+
+
+def _quarantine_recorded(newest: dict[str, AppliedVersion]) -> str | None:
+    """The quarantine table's id that a table's newest commit records, where one does (older commits, a rebuild's
+    and a swap's do not)."""
+    return next((applied.quarantine_id for applied in newest.values() if applied.quarantine_id is not None), None)
+
+
+def _check_quarantine_kept(spark: SparkSession, cfg: ReplicaConfig, recorded: str | None, where: str) -> None:
+    """Refuse a quarantine table that is gone, or another table now, once batches were applied beside it (the
+    checkpoint's owner file says which, and the tables' commits do too: a removed checkpoint changes nothing).
+
+    Its unresolved records hold their keys: the later changes of such a key wait in it too. Lost with it, neither
+    would ever be replayed, and the key would keep, with no sign of it, its state from before them.
+    """
+    if recorded is None or recorded == "None":
+        return  # recorded by a replica from before quarantine ids were kept, or before the table was made
+    current = table_id(spark, cfg.quarantine)
+    if current == recorded:
+        return
+    what = (
+        "is gone"
+        if current is None
+        else "is another table than the one the replica wrote (created again, or replica.quarantine now names another)"
+    )
+    raise CheckpointError(
+        f"replica {cfg.name}: {where} beside quarantine table {cfg.quarantine.describe()}, but it {what}: the "
+        "records it held, and the later changes of their keys held behind "
+        f"them, would never be replayed, and those keys would keep their older state; restore it if you can, or "
+        f"rebuild the replica from the log where it is: stop it, remove its checkpoint folder {cfg.checkpoint} and "
+        f"its tables ({', '.join(t.describe() for t in replica_targets(cfg, metrics=False))}), and start it again "
+        "(a rebuild beside it and a swap would not do: a swap keeps the live quarantine)"
+    )
+
+
+def _check_restored(spark: SparkSession, cfg: ReplicaConfig) -> None:
+    """Refuse a table that was restored to an older version after the replica's last batch (Delta's RESTORE).
+
+    Its rows are then an older state than its checkpoint has applied (the changes between would never come again),
+    and than its retained deletes, which are restored apart or not at all: only a rebuild makes them agree.
+    """
+    for table in cfg.tables:
+        # The table and the one its batches record their offsets in (their histories are read at the start anyway);
+        # the retained deletes alone restored would not show here.
+        for target in dict.fromkeys((table.target, applied_target(table))):
+            if not table_exists(spark, target):
+                continue
+            restored = restored_since(spark, target)
+            if restored is None:
+                continue
+            version, to = restored
+            raise CheckpointError(
+                f"replica {cfg.name}: {target.describe()} was restored (RESTORE to version {to}, at version "
+                f"{version}) after the replica's last batch: its rows no longer agree with what the replica applied "
+                f"from the log (nor with the table's retained deletes), and going on would leave out the changes in "
+                f"between; rebuild it beside the live one and swap it in: ./replica rebuild {cfg.source_file} "
+                f"--into <folder> --swap"
+            )
+
+
+def _check_planned(spark: SparkSession, cfg: ReplicaConfig) -> None:
+    """Refuse a checkpoint that no longer holds, as planned, the last batch its tables applied.
+
+    Spark runs a batch over the offsets its offset log planned for it, and the tables skip a batch id of this
+    checkpoint that they applied already (their idempotent writes). A checkpoint whose last offset files were
+    removed (a usual fix for a damaged one) or that was restored from an older copy plans that batch again, over other
+    offsets: the tables would skip it as done, and the records between the two ends would never be applied.
+    """
+    checkpoint = cfg.checkpoint.rstrip("/")
+    if not path_exists(spark, f"{checkpoint}/metadata"):
+        return  # a new checkpoint: nothing planned yet
+    generation = checkpoint_generation(spark, checkpoint)
+    planned = batch_ids(spark, f"{checkpoint}/offsets")
+    for table in cfg.tables:
+        target = applied_target(table)
+        newest = newest_commit(spark, target, cfg.name) if table_exists(spark, target) else None
+        applied = None if newest is None else newest.applied
+        if applied is None or applied.generation != generation:
+            continue  # applied under another checkpoint: it resumes from the table's offsets (starting_offsets)
+        if planned and applied.batch_id < planned[0]:
+            continue  # older than the offset log Spark keeps
+        if applied.batch_id in planned:
+            again = batch_end_offsets(spark, checkpoint, applied.batch_id)
+            if again == applied.offsets:
+                continue
+            now = f"plans batch {applied.batch_id} up to {json.dumps(offsets_json(again))}"
+        else:
+            now = f"has no batch {applied.batch_id} (its offset log ends at {planned[-1] if planned else 'none'})"
+        raise CheckpointError(
+            f"replica {cfg.name}: {target.describe()} applied batch {applied.batch_id} of checkpoint {cfg.checkpoint} "
+            f"up to {json.dumps(offsets_json(applied.offsets))}, but the checkpoint now {now}: it was rolled back "
+            f"(restored from an older copy, or its last files removed), and the batches it plans again would be "
+            f"skipped as applied, leaving out their records; stop the replica and remove the checkpoint folder "
+            f"{cfg.checkpoint}, then start it again ({cfg.source_file}): it resumes from the offsets its tables "
+            "recorded"
+        )
 
 
 def _table_problem(
@@ -255,18 +381,24 @@ def _empty(spark: SparkSession, target: Target) -> bool:
 
 def _check_writers(spark: SparkSession, cfg: ReplicaConfig) -> None:
     """Refuse a table that another replica writes: two replicas in one table overwrite each other's rows (each
-    applies its own log, with its own offsets and versions), whichever checkpoint each has."""
+    applies its own log, with its own offsets and versions), whichever checkpoint each has. A table with no commit
+    yet belongs to the replica that created it: two replicas whose first batches both found it empty would both
+    append their rows."""
     for table in cfg.tables:
-        for target in dict.fromkeys((table.target, applied_target(table))):
-            if not table_exists(spark, target):
+        targets = [t for t in dict.fromkeys((applied_target(table), table.target)) if table_exists(spark, t)]
+        # The batches' commits first; the creator (one more read) only where no target has one.
+        written = ((t, last_writer(spark, t), "is written") for t in targets)
+        created = ((t, creator(spark, t), "was created (and not written yet)") for t in targets)
+        for target, writer, how in itertools.chain(written, created):
+            if writer is None:
                 continue
-            writer = last_writer(spark, target)
-            if writer is not None and writer != cfg.name:
+            if writer != cfg.name:
                 raise CheckpointError(
-                    f"replica {cfg.name}: {target.describe()} (tables.{table.name}.target in {cfg.source_file}) is "
-                    f"written by replica {writer!r}, and two replicas cannot share a table: give {cfg.name} a "
+                    f"replica {cfg.name}: {target.describe()} (tables.{table.name}.target in {cfg.source_file}) {how} "
+                    f"by replica {writer!r}, and two replicas cannot share a table: give {cfg.name} a "
                     f'target of its own, or if it is {writer!r} renamed, restore replica.name = "{writer}"'
                 )
+            break
 
 
 def _check_keys(spark: SparkSession, cfg: ReplicaConfig) -> None:
@@ -287,9 +419,19 @@ def _check_keys(spark: SparkSession, cfg: ReplicaConfig) -> None:
             )
 
 
+def _sequences_recorded(cfg: ReplicaConfig, newest: dict[str, AppliedVersion]) -> dict[str, str | None]:
+    """What each table's newest commit of this replica says it was ordered by, where one says (older commits do
+    not; the checkpoint's owner file then may)."""
+    return {
+        table.name: newest[table.name].sequence_by[table.name]
+        for table in cfg.tables
+        if table.name in newest and table.name in newest[table.name].sequence_by
+    }
+
+
 def _check_sequences(cfg: ReplicaConfig, recorded: dict[str, str | None]) -> None:
-    """Refuse a change of a table's ``sequence_by`` other than from none to one (recorded: what the checkpoint's
-    batches ordered each table by).
+    """Refuse a change of a table's ``sequence_by`` other than from none to one (recorded: what the batches that
+    built each table ordered it by, from its commits, else from the checkpoint's owner file).
 
     The table's rows keep the versions the old sequence gave them, and a change must be newer than its key's row to
     be applied: the log position (no sequence) ranks below any sequence, and another column's values have another
@@ -313,6 +455,45 @@ def _check_sequences(cfg: ReplicaConfig, recorded: dict[str, str | None]) -> Non
         )
 
 
+def _check_unsequenced(
+    spark: SparkSession, cfg: ReplicaConfig, owner: dict[str, Any] | None, recorded: dict[str, str | None]
+) -> None:
+    """Refuse a table ordered by log position whose rows carry the seq of their records.
+
+    Replicas before this check read the envelope's ``seq`` even without ``sequence_by``, and kept it as each row's
+    version; a table ordered by log position gives its changes none, which ranks below any seq, so every later
+    change of such a row would be left out as older. Only ``sequence_by = "seq"`` (what ordered those rows) or a
+    rebuild goes on exactly. Also where the table had no sequence and is given a column now. Once per checkpoint
+    and table (the owner file's ``log_order_checked``): what a replica writes after it passed carries no such seq.
+    """
+    checked = set((owner or {}).get("log_order_checked", []))
+    for table in cfg.tables:
+        before = recorded.get(table.name)  # None: no sequence then, or not known
+        if table.name in checked or before is not None or table.sequence_by == "seq":
+            continue  # a change of a sequence is _check_sequences'
+        if table.sequence_by is not None and table.name not in recorded:
+            continue  # a sequence now, and none known before: nothing to compare its rows' versions with
+        for _, target in _targets(table):  # the rows, the retained deletes, the pending changes
+            if not table_exists(spark, target):
+                continue
+            if read_table(spark, target).where(F.col("_src_seq").isNotNull()).limit(1).count() == 0:
+                continue
+            now = (
+                "is ordered by log position (no sequence_by)"
+                if table.sequence_by is None
+                else (f"had no sequence_by and is now ordered by {table.sequence_by}")
+            )
+            raise ConfigError(
+                cfg.source_file,
+                f"tables.{table.name}.sequence_by",
+                f"table {table.name} {now}, but {target.describe()} holds rows ordered by their records' seq (as "
+                "replicas ordered such a table before they read the log position alone): later changes would be "
+                "compared with those seqs and left out as older",
+                f'set sequence_by = "seq" to go on ordering it by its records\' seq; or rebuild the replica: '
+                f"./replica rebuild {cfg.source_file} --into <folder> --swap",
+            )
+
+
 def _check_pending(spark: SparkSession, cfg: ReplicaConfig) -> None:
     """Refuse a copy-on-write table whose change log (from when it was merge-on-read) still holds changes."""
     for table in cfg.tables:
@@ -329,8 +510,9 @@ def _check_pending(spark: SparkSession, cfg: ReplicaConfig) -> None:
         )
 
 
-def claim_checkpoint(spark: SparkSession, cfg: ReplicaConfig) -> None:
-    """Label the checkpoint as this replica's and record its tables' Delta ids (once they exist).
+def claim_checkpoint(spark: SparkSession, cfg: ReplicaConfig) -> str:
+    """Label the checkpoint as this replica's and record its tables' Delta ids (once they exist); returns the
+    quarantine table's, which the batches' commits record too.
 
     While the checkpoint has applied nothing the ids are recorded afresh; once it has, they stay those of the
     tables it wrote to, and :func:`check_checkpoint` holds the tables to them.
@@ -340,16 +522,8 @@ def claim_checkpoint(spark: SparkSession, cfg: ReplicaConfig) -> None:
     recorded: dict[str, str] = dict(owner.get("table_ids", {})) if owner is not None and progress else {}
     labels = [*(pair for table in cfg.tables for pair in _targets(table)), (QUARANTINE_LABEL, cfg.quarantine)]
     for label, target in labels:
-        if label in recorded and label != QUARANTINE_LABEL:
-            continue
-        current = str(table_id(spark, target))
-        if label in recorded and recorded[label] != current:
-            logger.warning(
-                "replica %s: quarantine table %s was created again: it holds the records quarantined from now on",
-                cfg.name,
-                cfg.quarantine.describe(),
-            )
-        recorded[label] = current
+        if label not in recorded:  # a recorded one is held to by check_checkpoint
+            recorded[label] = str(table_id(spark, target))
     tables = (owner or {}).get("tables") if progress else None
     ours = {
         "replica": cfg.name,
@@ -357,9 +531,11 @@ def claim_checkpoint(spark: SparkSession, cfg: ReplicaConfig) -> None:
         "tables": tables or sorted(t.name for t in cfg.tables),
         "table_ids": recorded,
         "sequence_by": {t.name: t.sequence_by for t in cfg.tables},
+        "log_order_checked": sorted(t.name for t in cfg.tables),  # by _check_unsequenced, before this claim
     }
     if ours != owner:  # written only when it changes: a kill while writing it can cut it short
         write_text(spark, _owner_path(cfg), json.dumps(ours) + "\n")
+    return recorded[QUARANTINE_LABEL]
 
 
 def _table_offsets(spark: SparkSession, cfg: ReplicaConfig) -> Offsets | None:
@@ -384,6 +560,7 @@ def starting_offsets(spark: SparkSession, cfg: ReplicaConfig) -> str | None:
         return None  # the checkpoint knows where to go on
     resumed = _table_offsets(spark, cfg)
     if resumed is None:
+        _check_replay_from_the_start(spark, cfg)
         return None
     logger.warning(
         "replica %s: checkpoint %s is new, but its tables have applied the log up to %s: resuming from there "
@@ -393,6 +570,70 @@ def starting_offsets(spark: SparkSession, cfg: ReplicaConfig) -> str | None:
         json.dumps(resumed),
     )
     return json.dumps(offsets_json(resumed))
+
+
+def check_topics_kept(spark: SparkSession, cfg: ReplicaConfig, ids: Mapping[str, str]) -> None:
+    """Refuse a topic that was deleted and created again under its name since a table recorded offsets of it.
+
+    The new topic's offsets start over: the offsets the checkpoint and the tables hold name other records in it, so
+    going on would skip the new topic's first records (or, once it is past them, read on as if nothing happened).
+    ``ids``: each topic's id now. Tables whose commits carry no topic ids (written before they were recorded) are
+    not checked.
+    """
+    for table in cfg.tables:
+        target = applied_target(table)
+        if table.topic not in ids or not table_exists(spark, target):
+            continue
+        newest = newest_commit(spark, target, cfg.name)
+        if newest is None:
+            continue
+        applied = newest.applied
+        then = applied.topic_ids.get(table.topic)
+        if then is None or then == ids[table.topic]:
+            continue
+        raise TopicReplacedError(
+            f"replica {cfg.name}: topic {table.topic} is not the topic table {table.name} applied the log of (its id "
+            f"was {then}, it is {ids[table.topic]} now): it was deleted and created again, and its offsets started "
+            f"over, so the offsets the replica applied up to "
+            f"({json.dumps(offsets_json({table.topic: applied.offsets.get(table.topic, {})}))}) name other records "
+            f"now; build the replica again from the new topic: stop it, give its tables new locations (or remove "
+            f"them) and remove its checkpoint folder {cfg.checkpoint}, then start it ({cfg.source_file})"
+        )
+
+
+def _check_replay_from_the_start(spark: SparkSession, cfg: ReplicaConfig) -> None:
+    """A new checkpoint whose tables hold this replica's commits, but not one for every table (one of a topic's
+    tables that took no change yet, a table new to the config): there is no point to resume from that covers them
+    all, so the replica reads the log from its configured start. From the earliest offsets that is exact (each
+    change already applied meets its own version in the table and is not applied again); from a later start it
+    would leave out every change before it, silently: refused."""
+    holding = []
+    for table in cfg.tables:
+        target = applied_target(table)
+        applied = applied_offsets(spark, target) if table_exists(spark, target) else None
+        if applied is not None and applied.replica == cfg.name:
+            holding.append(table.name)
+    if not holding:
+        return  # a new replica: its configured start is where it begins
+    if cfg.source.starting_offsets.strip().lower() == "earliest":
+        logger.warning(
+            "replica %s: checkpoint %s is new, and not every table has applied the log to a known point (%s hold "
+            "commits of this replica): reading the log from its earliest offsets, changes already applied are not "
+            "applied again",
+            cfg.name,
+            cfg.checkpoint,
+            ", ".join(holding),
+        )
+        return
+    raise ConfigError(
+        cfg.source_file,
+        "source.starting_offsets",
+        f"checkpoint {cfg.checkpoint} is new, but tables {', '.join(holding)} hold commits of replica {cfg.name} "
+        f"and not every table has one to resume from: starting from {cfg.source.starting_offsets!r} would leave out "
+        "the changes before it that those tables have not applied",
+        'set starting_offsets = "earliest" to read the log again into the tables (changes already applied are not '
+        "applied again), or rebuild the replica into new tables",
+    )
 
 
 def check_log_still_holds(applied: Offsets, log_start: Offsets, cfg: ReplicaConfig) -> None:

@@ -22,6 +22,7 @@ from replica_lib.recovery import (
     check_checkpoint,
     check_log_still_holds,
     check_partitions,
+    check_topics_kept,
     checkpoint_is_local,
     claim_checkpoint,
     explain,
@@ -90,13 +91,15 @@ def _start(
     check_checkpoint(session, cfg)
     check_reachable(cfg)
     schemas = ensure_replica_tables(session, cfg)
-    claim_checkpoint(session, cfg)
-    _check_the_log(session, cfg)
+    quarantine_id = claim_checkpoint(session, cfg)
+    topic_ids = _check_the_log(session, cfg)
     if register:
         register_on_start(session, cfg)  # its catalog names (replica_lib.catalog); never fails the start
     metrics = BatchMetrics(session, cfg)
     session.streams.addListener(metrics)
-    handler = BatchHandler(cfg, schemas, hooks, stop_requested, report=metrics.record)
+    handler = BatchHandler(
+        cfg, schemas, hooks, stop_requested, report=metrics.record, topic_ids=topic_ids, quarantine_id=quarantine_id
+    )
     writer = (
         handler.stream(read_changes(session, cfg, starting_offsets(session, cfg)))
         .writeStream.queryName(cfg.name)
@@ -123,24 +126,33 @@ def _start(
     return query, handler, metrics
 
 
-def _check_the_log(spark: SparkSession, cfg: ReplicaConfig) -> None:
-    """Before the start: the log still holds what the replica has not applied, and its topics kept their
-    partition count where a table needs it (``recovery``). Skipped where the Python client cannot connect."""
-    applied = applied_so_far(spark, cfg)
-    if not applied:
-        return
+def _check_the_log(spark: SparkSession, cfg: ReplicaConfig) -> dict[str, str]:
+    """Before the start: its topics are the ones it applied (not deleted and created again), the log still holds
+    what the replica has not applied, and its topics kept their partition count where a table needs it
+    (``recovery``). Returns the topics' ids, which its commits record. Skipped where the Python client cannot
+    connect."""
     client = cfg.kafka.client_config()
     if client.settings is None:  # e.g. a JKS trust store or a Kerberos login: Spark's Java client only
         logger.warning("replica %s: not checking the log's start offsets before the start: %s", cfg.name, client.reason)
-        return
+        return {}
     try:
         admin = TopicAdmin(client.settings)
+        ids = admin.topic_ids(list(cfg.topics))
+    except TopicError as exc:
+        logger.warning("replica %s: could not check the log's topics (%s); Spark will check", cfg.name, exc)
+        return {}
+    check_topics_kept(spark, cfg, ids)
+    applied = applied_so_far(spark, cfg)
+    if not applied:
+        return ids
+    try:
         log_start = {topic: admin.earliest_offsets(topic) for topic in applied}
     except TopicError as exc:
         logger.warning("replica %s: could not check the log's start offsets (%s); Spark will check", cfg.name, exc)
-        return
+        return ids
     check_log_still_holds(applied, log_start, cfg)
     check_partitions(cfg, applied, log_start, "seen when the replica started")
+    return ids
 
 
 def run_replica(

@@ -26,7 +26,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from pyspark.sql import DataFrame, SparkSession
@@ -37,6 +37,7 @@ from replica_lib.errors import RebuildError, VerifyError
 from replica_lib.layout import fold
 from replica_lib.merge import Commit, append_quarantine, replace_rows, typed_conflicts
 from replica_lib.progress import (
+    SWAP_GENERATION,
     Offsets,
     offsets_json,
     parse_offsets,
@@ -45,9 +46,19 @@ from replica_lib.progress import (
     rename_path,
     write_text,
 )
-from replica_lib.rebuild import Plan, apply_range, rebuild_config, rebuild_session, recorded_plan
+from replica_lib.rebuild import (
+    SWAPPED_FILE,
+    Plan,
+    apply_range,
+    check_rebuilt_topics,
+    rebuild_config,
+    rebuild_session,
+    recorded_plan,
+    topic_ids_now,
+)
 from replica_lib.recovery import (
     applied_so_far,
+    check_topics_kept,
     checkpoint_is_local,
     lock_checkpoint,
     release_checkpoint,
@@ -130,9 +141,14 @@ def swap(
     rebuilt = recorded_plan(session, shadow)
     if rebuilt is None:
         raise RebuildError(f"{root} holds no rebuild of replica {cfg.name}: rebuild into it first")
+    # Neither the rebuilt tables nor the live ones may hold a topic that was deleted and created again since.
+    ids = topic_ids_now(cfg)
+    check_rebuilt_topics(shadow, rebuilt, ids)
+    check_topics_kept(session, cfg, ids)
     path = f"{shadow.checkpoint}/{SWAP_FILE}"
     recorded = SwapPlan.parse(read_text(session, path)) if path_exists(session, path) else None
-    if recorded is not None and path_exists(session, aside_path(cfg, recorded.swap_id)):
+    swapped = path_exists(session, f"{shadow.checkpoint}/{SWAPPED_FILE}")  # or, by a swap before it was written:
+    if recorded is not None and (swapped or path_exists(session, aside_path(cfg, recorded.swap_id))):
         logger.info("swap %s: finished already (its old checkpoint is %s)", cfg.name, aside_path(cfg, recorded.swap_id))
         return Swapped(recorded, aside_path(cfg, recorded.swap_id), 0.0, already=True)
     position = _resume_catch_up(session, shadow, rebuilt)
@@ -153,12 +169,14 @@ def swap(
     with typed_conflicts():
         for live, new in pairs:
             schema = live_schemas[live.name] if live.merge_on_read else None
-            _replace_table(session, cfg, recorded, live, new, schema, at)
+            _replace_table(session, cfg, recorded, ids, live, new, schema, at)
         _copy_quarantine(session, cfg, shadow, recorded)
     _at(at, "after_quarantine")
     aside = aside_path(cfg, recorded.swap_id)
     if path_exists(session, cfg.checkpoint):
         rename_path(session, cfg.checkpoint, aside)
+    done = {"swap_id": recorded.swap_id, "checkpoint_aside": aside}
+    write_text(session, f"{shadow.checkpoint}/{SWAPPED_FILE}", json.dumps(done, sort_keys=True))
     release_checkpoint(cfg)
     paused = time.monotonic() - stopped_at
     logger.info("swap %s: done; the old checkpoint is %s; the replica was stopped for %.1f s", cfg.name, aside, paused)
@@ -242,18 +260,23 @@ def _replace_table(
     spark: SparkSession,
     cfg: ReplicaConfig,
     plan: SwapPlan,
+    topic_ids: Mapping[str, str],
     live: TableConfig,
     new: TableConfig,
     merge_on_read: TableSchema | None,
     at: Callable[[str], None] | None,
 ) -> None:
-    """Replace one live table's rows (and its retained deletes, change log) with the rebuilt one's."""
-    metadata = {
+    """Replace one live table's rows (and its retained deletes, change log) with the rebuilt one's. Its commits
+    record the topics' ids, as a batch's do: the replica's next start checks them."""
+    metadata: dict[str, object] = {
         "replica": cfg.name,
         "batch_id": 0,
-        "generation": f"swap-{plan.swap_id}",
+        "generation": f"{SWAP_GENERATION}{plan.swap_id}",
         "offsets": offsets_json(plan.ends),
+        "sequence_by": {t.name: t.sequence_by for t in cfg.tables},  # the rebuild's, which is the config's
     }
+    if topic_ids:
+        metadata["topic_ids"] = dict(topic_ids)
 
     def commit(label: str) -> Commit:
         return Commit(f"replica:{cfg.name}:{label}:swap-{plan.swap_id}", 0, metadata)

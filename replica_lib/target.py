@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -180,6 +181,13 @@ def read_table(spark: SparkSession, target: Target, version: int | None = None) 
         return reader.load(target.path)
     assert target.table is not None
     return reader.table(target.table)
+
+
+def creator(spark: SparkSession, target: Target) -> str | None:
+    """The replica that created a table, from the description it gave it (``replica <name>: ...``), or None."""
+    row = delta_table(spark, target).detail().select("description").first()
+    found = re.match(r"replica (\w+): ", (row[0] if row is not None else None) or "")
+    return found.group(1) if found else None
 
 
 def delta_table(spark: SparkSession, target: Target) -> Any:

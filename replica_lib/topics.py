@@ -397,6 +397,22 @@ class TopicAdmin:
         except KafkaException as exc:
             raise TopicError(f"deleting topic {name!r} failed: {exc.args[0].str()}") from exc
 
+    def topic_ids(self, names: list[str]) -> dict[str, str]:
+        """The id of each of ``names`` that exists (Kafka's UUID for a topic: a topic deleted and created again under
+        its name has a new one)."""
+        from confluent_kafka import KafkaError, KafkaException, TopicCollection
+
+        ids = {}
+        futures = self._admin.describe_topics(TopicCollection(names), request_timeout=self.timeout_s)
+        for name, future in futures.items():
+            try:
+                ids[name] = str(future.result(timeout=self.timeout_s).topic_id)
+            except KafkaException as exc:
+                if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    continue
+                raise TopicError(f"describing topic {name!r} on {self._bootstrap} failed: {exc.args[0].str()}") from exc
+        return ids
+
     def earliest_offsets(self, name: str) -> dict[int, int]:
         """The log start offset of every partition of ``name`` (what retention has not yet removed)."""
         from confluent_kafka import TopicPartition

@@ -3,6 +3,7 @@ it, exactly once. Both layouts, checked against the reference model at each step
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -22,7 +23,7 @@ from replica_lib.producer import Change, Position
 from replica_lib.quarantine import DROPPED, reasons, resolve, select, unresolved
 from replica_lib.recovery import LOCK_FILE, release_checkpoint
 from replica_lib.replay import replay
-from replica_lib.target import delta_table
+from replica_lib.target import delta_table, replica_targets
 from tests.integration.support import orders_table, produce, replica_config, replica_df, run_available_now
 
 pytestmark = pytest.mark.integration
@@ -166,6 +167,48 @@ def test_a_quarantined_record_holds_its_key_until_replayed_or_dropped(
     run_available_now(spark, fixed)
     for table in topics:
         assert_model(spark, fixed, table, log[table])
+
+
+def test_a_lost_quarantine_table_is_refused_and_the_rebuild_in_place_holds_its_keys_again(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    topic = topic_factory(partitions=1)
+    table = orders_table(topic, schema=SCHEMA, schema_evolution="strict")
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "lost", {"orders": table})
+    log = produce(connection, topic, [change(1, 1), change(1, 2, qty=TOO_BIG), change(1, 3), change(2, 4)])
+    run_available_now(spark, cfg)
+    assert_model(spark, cfg, "orders", [log[0], log[3]])  # key 1 held behind its record too big for qty
+
+    # The quarantine folder removed by hand: its two records of key 1 would be lost, and key 1 would stay at seq 1.
+    assert cfg.quarantine.path is not None
+    shutil.rmtree(cfg.quarantine.path)
+    with pytest.raises(CheckpointError) as refused:
+        run_available_now(spark, cfg)
+    assert f"beside quarantine table {cfg.quarantine.describe()}, but it is gone" in str(refused.value)
+    assert f"remove its checkpoint folder {cfg.checkpoint} and its tables" in str(refused.value)
+    assert not Path(cfg.quarantine.path).exists()  # refused before any table was created
+    # The checkpoint removed too (what other refusals say to do): the tables' commits name the quarantine table.
+    release_checkpoint(cfg)
+    shutil.rmtree(cfg.checkpoint)
+    with pytest.raises(CheckpointError, match="its tables' newest commits were written beside quarantine table"):
+        run_available_now(spark, cfg)
+    assert not Path(cfg.quarantine.path).exists()
+
+    # The fix it gives: the tables removed too, the replica started again rebuilds from the log.
+    release_checkpoint(cfg)
+    shutil.rmtree(cfg.checkpoint, ignore_errors=True)
+    for target in replica_targets(cfg, metrics=False):
+        assert target.path is not None
+        shutil.rmtree(target.path, ignore_errors=True)
+    log += produce(connection, topic, [change(2, 5)])
+    run_available_now(spark, cfg)
+    assert_model(spark, cfg, "orders", [log[0], log[4]])
+    found = {r.reason: r.records for r in reasons(spark, cfg)}
+    assert found == {
+        "held behind an earlier quarantined record of its key (on_poison = hold_key): replay or drop that record "
+        "with ./replica quarantine": 1,
+        "data does not match the table schema: qty (int)": 1,
+    }, found
 
 
 def test_drop_needs_a_place_or_all() -> None:

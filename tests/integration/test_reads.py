@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,21 @@ from replica_dev.conf import orders_table, replica_doc, write_replica
 from replica_dev.model import LoggedChange
 from replica_lib.config import PROJECT_ROOT, ReplicaConfig, load_replica
 from replica_lib.errors import NotAppliedError
+from replica_lib.layout import fold as fold_changes
 from replica_lib.progress import applied_offsets
-from replica_lib.reads import freshest, wait_for
+from replica_lib.reads import freshest, snapshot_at, wait_for
 from replica_lib.stream import run_replica, start_replica
-from replica_lib.target import read_table
-from tests.integration.support import delete, end_offsets, expected_df, produce, produce_garbage, upsert
+from replica_lib.target import current_schema, read_table
+from tests.integration.support import (
+    delete,
+    end_offsets,
+    expected_df,
+    produce,
+    produce_garbage,
+    replica_config,
+    run_available_now,
+    upsert,
+)
 from tests.integration.test_semantics import assert_matches_model
 
 pytestmark = pytest.mark.integration
@@ -188,6 +199,41 @@ def test_freshest_replica_and_read_your_writes(
     assert [line for line in captured.err.splitlines() if line.startswith("error:")] == [
         line for line in captured.err.splitlines() if "UNRESOLVED_COLUMN" in line
     ]
+
+
+def test_a_merge_on_read_snapshot_at_a_past_position_is_the_state_then_across_folds(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    # The base holds what folds applied since: read now beside the change log of then, it showed later rows.
+    topic = topic_factory(partitions=2)
+    spec = orders_table(topic, layout="merge-on-read", fold_every_batches=0)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "travel", {"orders": spec})
+    plain = upsert(2, 2, "x")
+    assert plain.data is not None
+    noted = dataclasses.replace(plain, data={**plain.data, "note": "a column added by this batch"})
+    batches = [
+        [upsert(1, 1, "a"), upsert(4, 1, "d")],
+        [upsert(1, 2, "b"), noted],
+        [delete(2, 3), upsert(3, 3, "c"), delete(4, 3)],
+        [upsert(2, 4, "back")],
+    ]
+    log: list[LoggedChange] = []
+    ends = []
+    for i, changes in enumerate(batches):
+        log += produce(connection, topic, changes)
+        ends.append(len(log))
+        run_available_now(spark, cfg)
+        if i in (1, 2):  # the base and the retained deletes move on past the first batches
+            fold_changes(spark, cfg.name, current_schema(spark, cfg.table("orders")))
+    for end in ends:
+        snapshot = snapshot_at(spark, cfg, "orders", [change.position for change in log[:end]])
+        expected = expected_df(spark, cfg, "orders", log[:end])
+        assert_df_equality(
+            snapshot.read(spark).select(*expected.columns),
+            expected,
+            ignore_row_order=True,
+            ignore_nullable=True,
+        )
 
 
 def assert_rows(spark: SparkSession, frame: DataFrame, cfg: ReplicaConfig, log: list[LoggedChange]) -> None:

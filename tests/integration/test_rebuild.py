@@ -23,14 +23,14 @@ from replica_dev.model import LoggedChange
 from replica_lib.batch import BatchHooks
 from replica_lib.config import ReplicaConfig, Target, load_replica
 from replica_lib.errors import LateChangeError, RebuildError
-from replica_lib.layout import fold
+from replica_lib.layout import fold, read_state
 from replica_lib.producer import ChangeProducer, ProducerSettings
 from replica_lib.progress import applied_offsets
 from replica_lib.rebuild import rebuild, rebuild_config
 from replica_lib.status import render, status_of
 from replica_lib.stream import run_replica
 from replica_lib.swap import swap
-from replica_lib.target import changes_target, read_table, table_schema, tombstone_target
+from replica_lib.target import applied_target, changes_target, read_table, table_schema, tombstone_target
 from replica_lib.topics import TopicAdmin, TopicSpec
 from tests.integration.support import (
     delete,
@@ -243,6 +243,7 @@ def test_a_swap_replaces_a_wrong_live_replica_in_one_commit_and_the_replica_goes
         old[table], new[table] = _state(spark, live, table), _model_state(spark, live, table, log[table])
         assert old[table] != new[table]
         before[table] = _version(spark, target)
+    changes_before = _version(spark, changes_target(live.table("orders_mor")))
 
     # Killed between the two commits of each table's swap (the first table's in the first run, the second's in the
     # next), then run again; at every step a reader sees the old state or the new one of each table.
@@ -278,7 +279,17 @@ def test_a_swap_replaces_a_wrong_live_replica_in_one_commit_and_the_replica_goes
         versions
     )
     assert _state(spark, live, "orders", before["orders"]) == old["orders"]  # time travel keeps the old rows
+    # So does the merge-on-read table's: its state at the change log's version before the swap is the old one.
+    then = read_state(spark, live.table("orders_mor"), changes_before).collect()
+    assert {(r["order_id"], r["status"], r["amount"]) for r in then} == old["orders_mor"]
     assert Path(swapped.checkpoint_aside).is_dir() and not Path(live.checkpoint).exists()
+    # The rebuild's commits and the swap's record the topics' ids, as a batch's do: a start checks them.
+    ids = TopicAdmin(connection).topic_ids(list(topics.values()))
+    rebuilt = rebuild_config(live, str(into))
+    for table in topics:  # the tables whose commits a start reads: a merge-on-read table's change log
+        for target in (applied_target(live.table(table)), applied_target(rebuilt.table(table))):
+            applied = applied_offsets(spark, target)
+            assert applied is not None and applied.topic_ids == ids, target.describe()
     quarantined = read_table(spark, live.quarantine).select("topic", "partition", "offset").collect()
     for table, topic in topics.items():
         (bad,) = [r for r in quarantined if (r["topic"], r["offset"]) == (topic, garbage[table])]
@@ -295,6 +306,9 @@ def test_a_swap_replaces_a_wrong_live_replica_in_one_commit_and_the_replica_goes
     for table in LAYOUTS:
         assert_matches_model(spark, live, log[table], table)
     assert swap(spark, live, str(into)).already
+    # Its folder holds the live tables' past now: a rebuild into it again is refused, not taken as done.
+    with pytest.raises(RebuildError, match=f"{into} holds a rebuild of replica live that was swapped in already"):
+        rebuild(spark, live, str(into))
 
 
 def _state(spark: SparkSession, cfg: ReplicaConfig, table: str, version: int | None = None) -> set[tuple[Any, ...]]:

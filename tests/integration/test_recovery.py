@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -22,19 +23,25 @@ from pyspark.sql import SparkSession
 from jobs.rebuild import main as rebuild_main
 from replica_dev.conf import replica_doc, write_replica
 from replica_dev.model import LoggedChange
+from replica_dev.polling import wait_for
 from replica_lib.batch import BatchHooks, BatchStats
 from replica_lib.config import COPY_ON_WRITE, MERGE_ON_READ, PROJECT_ROOT, ReplicaConfig, Target, load_replica
 from replica_lib.errors import (
     CheckpointError,
+    ChecksumError,
     ConfigError,
     DataLossError,
     KeyAcrossPartitionsError,
     PartitionsChangedError,
+    TopicError,
+    TopicReplacedError,
 )
 from replica_lib.producer import Change, Position, encode_key, encode_value
+from replica_lib.rebuild import rebuild
 from replica_lib.recovery import release_checkpoint
 from replica_lib.stream import run_replica, start_replica
-from replica_lib.target import read_table, tombstone_target
+from replica_lib.swap import swap
+from replica_lib.target import ensure_replica_tables, read_table, tombstone_target
 from replica_lib.topics import TopicAdmin, TopicSpec
 from tests.integration.support import (
     RUN_TIMEOUT_S,
@@ -80,6 +87,41 @@ def test_a_lost_checkpoint_resumes_from_the_offsets_in_the_delta_commits(
     )
 
 
+def test_a_lost_checkpoint_with_a_table_that_never_took_a_change_reads_again_from_the_start_only(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    # Two tables on one topic, one of which has taken no change: the tables give no point to resume from for both.
+    topic = topic_factory(partitions=2)
+    bootstrap = connection["bootstrap.servers"]
+    tables = {"orders": orders_table(topic), "returns": orders_table(topic)}
+
+    def replica(start: str) -> ReplicaConfig:
+        return replica_config(tmp_path, bootstrap, "quiet", tables, starting_offsets=start)
+
+    log = produce(connection, topic, [upsert(k, 1, "a", table="orders") for k in range(10)], table="orders")
+    run_available_now(spark, replica("earliest"))
+    release_checkpoint(replica("earliest"))
+    shutil.rmtree(replica("earliest").checkpoint)
+    log += produce(connection, topic, [upsert(k, 2, "b", table="orders") for k in range(5)], table="orders")
+    returns = produce(connection, topic, [upsert(7, 1, "r", table="returns")], table="returns")
+
+    with pytest.raises(ConfigError) as caught:
+        start_replica(spark, replica("latest"), available_now=True)
+    assert caught.value.key == "source.starting_offsets"
+    assert "tables orders hold commits of replica quiet" in caught.value.problem
+    assert "starting from 'latest' would leave out" in caught.value.problem
+    release_checkpoint(replica("latest"))
+    cfg = replica("earliest")
+    run_available_now(spark, cfg)
+    assert_matches_model(spark, cfg, log)
+    assert_df_equality(
+        replica_df(spark, cfg, "returns"),
+        expected_df(spark, cfg, "returns", returns),
+        ignore_row_order=True,
+        ignore_nullable=True,
+    )
+
+
 def test_another_replicas_checkpoint_is_refused(
     spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
 ) -> None:
@@ -105,13 +147,17 @@ def test_a_table_another_replica_writes_is_refused_whatever_the_checkpoint(
     topic, other_topic = topic_factory(partitions=1), topic_factory(partitions=1)
     bootstrap = connection["bootstrap.servers"]
     first = replica_config(tmp_path, bootstrap, "first", {"orders": orders_table(topic, layout=layout)})
-    log = produce(connection, topic, [upsert(1, 1, "a"), upsert(2, 1, "b")])
-    produce(connection, other_topic, [upsert(1, 9, "other")])
-    run_available_now(spark, first)
     copied = replica_config(
         tmp_path / "copy", bootstrap, "copied", {"orders": orders_table(other_topic, layout=layout)}
     )
     copied = moved(copied, Path(str(first.table("orders").target.path)))  # the first replica's table
+    # Created by the first replica, which has written nothing yet: both first batches would append to it.
+    ensure_replica_tables(spark, first)
+    with pytest.raises(CheckpointError, match="was created \\(and not written yet\\) by replica 'first', and two"):
+        start_replica(spark, copied, available_now=True)
+    log = produce(connection, topic, [upsert(1, 1, "a"), upsert(2, 1, "b")])
+    produce(connection, other_topic, [upsert(1, 9, "other")])
+    run_available_now(spark, first)
     with pytest.raises(CheckpointError) as caught:
         start_replica(spark, copied, available_now=True)
     message = str(caught.value)
@@ -121,6 +167,54 @@ def test_a_table_another_replica_writes_is_refused_whatever_the_checkpoint(
     log += produce(connection, topic, [upsert(2, 2, "c")])
     run_available_now(spark, first)
     assert_matches_model(spark, first, log)
+
+
+def test_a_topic_deleted_and_created_again_is_refused_and_the_fix_builds_from_the_new_one(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    # The new topic's offsets start over: those the replica applied name other records in it.
+    topic = topic_factory(partitions=2)
+    admin = TopicAdmin(connection)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "recreated", {"orders": orders_table(topic)})
+    produce(connection, topic, [upsert(k, 1, "old") for k in range(10)] + [delete(3, 2)])
+    run_available_now(spark, cfg)
+    rebuilt = str(tmp_path / "rebuilt")  # a rebuild of the old topic, to be swapped in later
+    rebuild(spark, cfg, rebuilt)
+    (old_id,) = admin.topic_ids([topic]).values()
+    admin.delete(topic)
+
+    def created_again() -> bool:
+        try:
+            admin.ensure(TopicSpec.local(topic, partitions=2), local=True)
+        except TopicError:  # still being deleted
+            return False
+        return admin.topic_ids([topic]).get(topic) not in (None, old_id)
+
+    wait_for(created_again, 60, f"topic {topic} created again")
+    log = produce(connection, topic, [upsert(k, 5, "new") for k in range(20, 45)])  # past the old offsets
+
+    for lost in (False, True):  # with its checkpoint, and without (it would resume from its tables' offsets)
+        if lost:
+            release_checkpoint(cfg)
+            shutil.rmtree(cfg.checkpoint)
+        with pytest.raises(TopicReplacedError) as caught:
+            start_replica(spark, cfg, available_now=True)
+        message = str(caught.value)
+        assert "\n" not in message and f"topic {topic} is not the topic table orders applied the log of" in message
+        assert f"its id was {old_id}" in message and "give its tables new locations" in message
+    # Nor may the rebuild of the old topic go on, or be swapped in: its tables hold the old topic's records.
+    for step in (lambda: rebuild(spark, cfg, rebuilt), lambda: swap(spark, cfg, rebuilt, wait_s=0)):
+        with pytest.raises(TopicReplacedError) as caught:
+            step()
+        assert f"rebuild of replica recreated in {rebuilt}: topic {topic} is not the topic it read" in str(caught.value)
+        assert f"its id was {old_id}" in str(caught.value) and "rebuild into a new folder" in str(caught.value)
+
+    release_checkpoint(cfg)
+    again = replica_config(
+        tmp_path / "again", connection["bootstrap.servers"], "recreated", {"orders": orders_table(topic)}
+    )
+    run_available_now(spark, again)
+    assert_matches_model(spark, again, log)
 
 
 def test_records_deleted_unread_stop_the_replica_with_a_rebuild_hint(
@@ -360,6 +454,77 @@ def test_a_deleted_table_with_its_checkpoint_is_refused_and_the_fix_rebuilds_it(
     assert_matches_model(spark, cfg, log)
 
 
+def test_a_checkpoint_rolled_back_behind_its_tables_is_refused_and_the_fix_resumes_exactly(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    # Spark would plan the batch again over more records, and the tables would skip it as applied: refused.
+    topic = topic_factory(partitions=2)
+    cfg = replica_config(
+        tmp_path, connection["bootstrap.servers"], "rolled", {"orders": orders_table(topic, layout=MERGE_ON_READ)}
+    )  # merge-on-read: its batches record their offsets in its change log (copy-on-write: the table, as elsewhere)
+    log = produce(connection, topic, [upsert(k, 1, "a") for k in range(20)])
+    run_available_now(spark, cfg)  # batch 0
+    log += produce(connection, topic, [upsert(k, 2, "b") for k in range(10)] + [delete(3, 3)])
+    run_available_now(spark, cfg)  # batch 1
+    log += produce(connection, topic, [upsert(k, 4, "c") for k in range(5, 15)] + [delete(12, 5)])
+    checkpoint = Path(cfg.checkpoint)
+    planned = (checkpoint / "offsets" / "1").read_text()
+
+    # A copy of the checkpoint that planned batch 1 over fewer records, then the last batch's files removed.
+    first_line, metadata, offsets = planned.splitlines()
+    (checkpoint / "offsets" / "1").write_text("\n".join([first_line, metadata, re.sub(r":\d+", ":0", offsets)]))
+    (checkpoint / "offsets" / ".1.crc").unlink()  # the checksum of the file replaced
+    with pytest.raises(CheckpointError, match=r"applied batch 1 of checkpoint .* but the checkpoint now plans batch 1"):
+        start_replica(spark, cfg, available_now=True)
+    for folder in ("offsets", "commits"):
+        (checkpoint / folder / "1").unlink()
+        (checkpoint / folder / ".1.crc").unlink(missing_ok=True)
+    with pytest.raises(CheckpointError) as caught:
+        start_replica(spark, cfg, available_now=True)
+    message = str(caught.value)
+    assert "\n" not in message and "has no batch 1 (its offset log ends at 0)" in message
+    assert f"remove the checkpoint folder {cfg.checkpoint}" in message
+
+    shutil.rmtree(cfg.checkpoint)  # the fix: resume from the offsets the tables recorded
+    run_available_now(spark, cfg)
+    assert_matches_model(spark, cfg, log)
+
+
+def test_a_table_restored_to_an_older_version_is_refused_and_a_rebuild_swapped_in_goes_on_exactly(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
+) -> None:
+    # RESTORE keeps the table's id; its rows are then older than what the checkpoint applied, and its retained
+    # deletes other: going on would leave out the changes in between.
+    from replica_lib.rebuild import rebuild
+    from replica_lib.swap import swap
+
+    topic = topic_factory(partitions=2)
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "restored", {"orders": orders_table(topic)})
+    log = produce(connection, topic, [upsert(k, 1, "a") for k in range(10)])
+    run_available_now(spark, cfg)
+    log += produce(connection, topic, [upsert(k, 2, "b") for k in range(5)] + [delete(7, 3)])
+    run_available_now(spark, cfg)
+    target = cfg.table("orders").target
+    spark.sql(f"RESTORE TABLE delta.`{target.path}` TO VERSION AS OF 1")  # the first batch's rows
+    log += produce(connection, topic, [upsert(k, 4, "c") for k in range(3)])
+
+    for lost in (False, True):  # with its checkpoint, and without (it would resume past the rows put back)
+        if lost:
+            shutil.move(cfg.checkpoint, tmp_path / "aside")
+        with pytest.raises(CheckpointError) as caught:
+            start_replica(spark, cfg, available_now=True)
+        message = str(caught.value)
+        assert "\n" not in message and "was restored (RESTORE to version 1, at version" in message
+        assert f"./replica rebuild {cfg.source_file} --into <folder> --swap" in message
+    release_checkpoint(cfg)
+    shutil.rmtree(cfg.checkpoint, ignore_errors=True)
+    shutil.move(tmp_path / "aside", cfg.checkpoint)
+    rebuild(spark, cfg, str(tmp_path / "rebuilt"))
+    swap(spark, cfg, str(tmp_path / "rebuilt"))
+    run_available_now(spark, cfg)
+    assert_matches_model(spark, cfg, log)
+
+
 def test_a_checkpoint_pointed_at_a_new_table_location_is_refused(
     spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
 ) -> None:
@@ -455,14 +620,59 @@ def test_a_changed_sequence_is_refused_unless_the_table_had_none(
     for name in ("by_seq", "by_log"):
         run_available_now(spark, replica(name, sequence_by="seq" if name == "by_seq" else None))
     log += produce(connection, topic, [upsert(1, 6, "c"), delete(2, 7)])
-    for sequence_by, by in ((None, "the log position"), ("updated_ms", "updated_ms")):
-        with pytest.raises(ConfigError) as caught:
-            start_replica(spark, replica("by_seq", sequence_by=sequence_by), available_now=True)
-        assert caught.value.key == "tables.orders.sequence_by"
-        assert f"changed from 'seq' to {sequence_by!r} since the replica built" in caught.value.problem
-        assert f"versions of seq, which {by} cannot be compared with" in caught.value.problem
+    for lost in (False, True):  # the table's commits say what ordered it, the checkpoint gone or not
+        if lost:
+            shutil.rmtree(replica("by_seq").checkpoint)
+        for sequence_by, by in ((None, "the log position"), ("updated_ms", "updated_ms")):
+            with pytest.raises(ConfigError) as caught:
+                start_replica(spark, replica("by_seq", sequence_by=sequence_by), available_now=True)
+            assert caught.value.key == "tables.orders.sequence_by"
+            assert f"changed from 'seq' to {sequence_by!r} since the replica built" in caught.value.problem
+            assert f"versions of seq, which {by} cannot be compared with" in caught.value.problem
     cfg = replica("by_log", sequence_by="seq")
     run_available_now(spark, cfg)
+    assert_matches_model(spark, cfg, log)
+
+
+def test_a_table_ordered_by_log_position_whose_rows_carry_seqs_is_refused_with_the_fix(
+    spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    # Replicas before read the envelope's seq without sequence_by too, and kept it as the rows' versions: the changes
+    # that follow (no seq: the log position) would rank below them and be left out, silently.
+    from pyspark.sql import functions as F
+
+    from replica_lib import decode
+
+    topic = topic_factory(partitions=1)
+    spec = {k: v for k, v in orders_table(topic).items() if k != "sequence_by"}
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "legacy", {"orders": spec})
+    log = produce(connection, topic, [upsert(1, 5, "a"), upsert(2, 5, "b"), delete(2, 6)])
+    with monkeypatch.context() as legacy:
+        legacy.setattr(decode, "_sequence", lambda schema: F.col("_seq"))  # what those replicas did
+        run_available_now(spark, cfg)
+    owner_file = Path(cfg.checkpoint) / "_replica.json"
+    owner = json.loads(owner_file.read_text())
+    del owner["log_order_checked"]  # nor did they record that the check passed
+    owner_file.write_text(json.dumps(owner) + "\n")
+    log += produce(connection, topic, [upsert(1, 1, "c"), upsert(2, 2, "d")])
+    # A file edited by hand no longer matches the checksum kept beside it: one line that names both, and the fix.
+    crc = owner_file.with_name("._replica.json.crc")
+    with pytest.raises(ChecksumError) as damaged:
+        start_replica(spark, cfg, available_now=True)
+    assert str(damaged.value) == (
+        f"{owner_file} does not match its checksum file {crc}: it was changed by hand or damaged; if the change was "
+        f"meant, remove {crc}, else put the file back as it was"
+    )
+    crc.unlink()  # the change was meant
+
+    with pytest.raises(ConfigError) as caught:
+        start_replica(spark, cfg, available_now=True)
+    assert caught.value.key == "tables.orders.sequence_by"
+    assert "is ordered by log position (no sequence_by), but" in caught.value.problem
+    assert "holds rows ordered by their records' seq" in caught.value.problem
+    assert 'set sequence_by = "seq"' in caught.value.fix
+    cfg = replica_config(tmp_path, connection["bootstrap.servers"], "legacy", {"orders": orders_table(topic)})
+    run_available_now(spark, cfg)  # the fix: ordered by seq, as its rows are
     assert_matches_model(spark, cfg, log)
 
 
