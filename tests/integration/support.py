@@ -205,3 +205,20 @@ def start_bench(bootstrap_servers: str, workdir: Path) -> BenchRun:
             preexec_fn=die_with(os.getpid()),  # and killed with this process if it dies without its teardown
         )
     return BenchRun(proc, stdout, stderr, out, catalog)
+
+
+class BenchStarter:
+    """Starts the benchmark's smoke run once, when the first test that may run beside it begins."""
+
+    def __init__(self, bootstrap_servers: str, workdir: Path) -> None:
+        self._servers, self._workdir = bootstrap_servers, workdir
+        self._run: BenchRun | None = None
+
+    def start(self) -> BenchRun:
+        if self._run is None:
+            self._run = start_bench(self._servers, self._workdir)
+        return self._run
+
+    def kill(self) -> None:
+        if self._run is not None:
+            self._run.kill()

@@ -4,10 +4,10 @@ profiled.
 Freshness runs for the ceiling and both layouts only: the others start as in the catch-up, and each run costs
 seconds of a cold JVM's warm-up (the command runs every contender in every phase).
 
-The run is started with the suite's first integration test, at the lowest CPU priority, and this test (collected
-last) waits for it and checks what it wrote: the job is a process of its own, whose three minutes on both cores fit
-in what the suite's own tests leave idle (about a fifth of the two cores). It asserts no figure, only that every
-part ran and every table equals the model.
+The run is started with the suite's integration tests (after the catalog server's start), at the lowest CPU priority,
+and this test (collected last) waits for it and checks what it wrote: the job is a process of its own, whose three
+minutes on both cores fit in what the suite's own tests leave idle (about a fifth of the two cores). It asserts no
+figure, only that every part ran and every table equals the model.
 """
 
 from __future__ import annotations
@@ -19,18 +19,19 @@ import pytest
 
 from replica_lib.catalog import pending_dir
 from replica_lib.config import local_settings
-from tests.integration.support import BenchRun
+from tests.integration.support import BenchStarter
 
 pytestmark = pytest.mark.integration
 
 
-def test_bench_job_runs_every_contender_and_every_phase(bench_run: BenchRun | None) -> None:
-    assert bench_run is not None  # started for this test (tests/integration/conftest.py)
-    returncode, stdout, stderr = bench_run.wait()
-    out = bench_run.out
+def test_bench_job_runs_every_contender_and_every_phase(bench_run: BenchStarter | None) -> None:
+    assert bench_run is not None  # for this test (tests/integration/conftest.py)
+    run = bench_run.start()  # started beside the tests before, unless this one runs alone
+    returncode, stdout, stderr = run.wait()
+    out = run.out
     assert returncode == 0, stdout[-3000:] + stderr[-3000:]
     # Its replicas are throwaway: none of them is left for the user's catalog to register.
-    own = local_settings({**os.environ, "REPLICA_CATALOG_DIR": str(bench_run.catalog)})
+    own = local_settings({**os.environ, "REPLICA_CATALOG_DIR": str(run.catalog)})
     assert list(pending_dir(own).glob("*")) == []
     assert "contender" in stdout and "ours_vs_ceiling" in stdout
 
