@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from replica_lib.batch import BatchHandler
@@ -59,32 +59,42 @@ def replay(
     """Apply the unresolved quarantined records of ``tables`` (all if none) that decode now."""
     wait_until_stopped(cfg, wait_s, lambda: logger.info("replica %s is running: waiting for it to stop", cfg.name))
     try:
-        schemas = ensure_replica_tables(spark, cfg)
-        found = unresolved(spark, cfg)
-        if found is None:
-            return Replayed(0, 0, 0, 0, ())
-        records = select(found, tables, ()).localCheckpoint()
-        total = records.count()
-        if not total:
-            return Replayed(0, 0, 0, 0, ())
-        raw_df = records.select(*COORDINATES, F.col("kafka_timestamp").alias("timestamp"), "key", "value")
-        handler = BatchHandler(cfg, schemas, monitored=False, replay=True)
-        try:
-            stats = handler.apply(raw_df, int(time.time() * 1000), {}, REPLAY_GENERATION)
-        finally:
-            handler.close()
-        again = handler.rejected_again
-        done = records
-        if again is not None:
-            again_at = again.select(*[F.col(f"_{c}").alias(c) for c in COORDINATES])
-            done = records.join(again_at, COORDINATES, "left_anti")
-        done = done.localCheckpoint()
-        replayed = done.count()
-        resolve(spark, cfg, done, REPLAYED, note)
-        still = tuple(_reasons(spark, cfg, tables)) if replayed < total else ()
-        return Replayed(total, replayed, stats.upserts, stats.deletes, still)
+        return replay_locked(spark, cfg, tables, note)
     finally:
         release_checkpoint(cfg)
+
+
+def replay_locked(
+    spark: SparkSession, cfg: ReplicaConfig, tables: Sequence[str] = (), note: str = "", only: DataFrame | None = None
+) -> Replayed:
+    """:func:`replay`, by a caller that holds the replica's checkpoint lock already (a swap, for its rebuild);
+    ``only``: of the records at these coordinates."""
+    schemas = ensure_replica_tables(spark, cfg)
+    found = unresolved(spark, cfg)
+    if found is None:
+        return Replayed(0, 0, 0, 0, ())
+    if only is not None:
+        found = found.join(only.select(*COORDINATES), COORDINATES, "left_semi")
+    records = select(found, tables, ()).localCheckpoint()
+    total = records.count()
+    if not total:
+        return Replayed(0, 0, 0, 0, ())
+    raw_df = records.select(*COORDINATES, F.col("kafka_timestamp").alias("timestamp"), "key", "value")
+    handler = BatchHandler(cfg, schemas, monitored=False, replay=True)
+    try:
+        stats = handler.apply(raw_df, int(time.time() * 1000), {}, REPLAY_GENERATION)
+    finally:
+        handler.close()
+    again = handler.rejected_again
+    done = records
+    if again is not None:
+        again_at = again.select(*[F.col(f"_{c}").alias(c) for c in COORDINATES])
+        done = records.join(again_at, COORDINATES, "left_anti")
+    done = done.localCheckpoint()
+    replayed = done.count()
+    resolve(spark, cfg, done, REPLAYED, note)
+    still = tuple(_reasons(spark, cfg, tables)) if replayed < total else ()
+    return Replayed(total, replayed, stats.upserts, stats.deletes, still)
 
 
 def _reasons(spark: SparkSession, cfg: ReplicaConfig, tables: Sequence[str]) -> list[Reason]:
