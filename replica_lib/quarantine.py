@@ -15,21 +15,38 @@ from pyspark.sql import functions as F
 
 from replica_lib.config import ReplicaConfig, resolved_location
 from replica_lib.merge import append_resolved
-from replica_lib.target import TableSchema, is_empty, read_table, table_exists
+from replica_lib.target import TableSchema, is_empty, latest_version, read_table, table_exists
 
 COORDINATES = ["topic", "partition", "offset"]
 REPLAYED, DROPPED = "replayed", "dropped"
 
 
-def unresolved(spark: SparkSession, cfg: ReplicaConfig) -> DataFrame | None:
-    """The replica's quarantined records not replayed or dropped (None if it has no quarantine table yet)."""
+def unresolved(spark: SparkSession, cfg: ReplicaConfig, resolved_version: int | None = None) -> DataFrame | None:
+    """The replica's quarantined records not replayed or dropped (None if it has no quarantine table yet).
+
+    ``resolved_version``: as the list of resolutions stood at that version (-1: before it existed)."""
     if not table_exists(spark, cfg.quarantine):
         return None
     records = read_table(spark, cfg.quarantine)
-    resolved = resolved_location(cfg.quarantine)
-    if table_exists(spark, resolved):
-        records = records.join(read_table(spark, resolved).select(*COORDINATES), COORDINATES, "left_anti")
+    done = resolutions(spark, cfg, resolved_version)
+    if done is not None:
+        records = records.join(done.select(*COORDINATES), COORDINATES, "left_anti")
     return records.dropDuplicates(COORDINATES)
+
+
+def resolutions(spark: SparkSession, cfg: ReplicaConfig, version: int | None = None) -> DataFrame | None:
+    """The records listed as replayed or dropped (``action``), at ``version`` of the list (None: its latest; -1:
+    before it existed); None where there is no list."""
+    resolved = resolved_location(cfg.quarantine)
+    if (version is not None and version < 0) or not table_exists(spark, resolved):
+        return None
+    return read_table(spark, resolved, version)
+
+
+def resolutions_version(spark: SparkSession, cfg: ReplicaConfig) -> int:
+    """The latest version of the list of resolutions (-1 if there is none yet), to read it as it is now later."""
+    version = latest_version(spark, resolved_location(cfg.quarantine))
+    return -1 if version is None else version
 
 
 def held_keys(spark: SparkSession, cfg: ReplicaConfig, schema: TableSchema) -> DataFrame | None:

@@ -2,15 +2,22 @@
 
 A swap runs once the live replica has stopped (it waits for the replica's checkpoint lock), and then:
 
-1. records the swap's plan in the rebuild's folder: how far the live replica had applied the log (``L``) and the
-   point both will stand at, ``T`` = per partition the later of ``L`` and the rebuild's end;
+1. records the swap's plan in the rebuild's folder: how far the live replica had applied the log (``L``), the
+   point both will stand at, ``T`` = per partition the later of ``L`` and the rebuild's end, and the version of
+   the live quarantine's resolutions it goes by;
 2. catches the rebuilt tables up to ``T`` (one more bulk batch of the rebuild, if the live replica had read past
-   the rebuild's end);
+   the rebuild's end), and gives them the live replica's resolutions: the rebuild's quarantine started empty, so
+   it holds each key behind that key's bad record again. The records the operator dropped from the live
+   quarantine are dropped from the rebuild's and the rebuild's records they held are replayed into its tables, as
+   they were into the live ones; a record the live replica applied after a fix (replayed) that the rebuild still
+   rejects stops the swap here, before any live table changes;
 3. folds a merge-on-read live table's pending changes, so that its base alone shows its state;
 4. replaces each live table's rows with the rebuilt table's in **one Delta commit** (retained deletes first, the
    table last): a reader by path or by catalog name sees the version before or the version after, and time travel
    keeps the old versions. The commit records ``T`` as a replica commit does;
-5. copies into the live quarantine the records the rebuild quarantined that the live replica had not read;
+5. makes the live quarantine hold back what the rebuilt tables do: the rebuild's unresolved records it lacks are
+   added (those past ``L``, which the live replica never read, and any the rebuild alone rejected), and its
+   unresolved records that the rebuild applied are listed as replayed;
 6. moves the live checkpoint aside (``<checkpoint>.before-swap-<id>``). Started again, the replica finds no
    checkpoint, resumes from ``T`` recorded in its tables (:func:`replica_lib.recovery.starting_offsets`) under a
    new checkpoint generation, and applies every later record exactly once.
@@ -29,7 +36,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from replica_lib.config import ReplicaConfig, TableConfig
@@ -46,6 +53,7 @@ from replica_lib.progress import (
     rename_path,
     write_text,
 )
+from replica_lib.quarantine import COORDINATES, DROPPED, REPLAYED, resolutions, resolutions_version, resolve, unresolved
 from replica_lib.rebuild import (
     SWAPPED_FILE,
     Plan,
@@ -64,10 +72,12 @@ from replica_lib.recovery import (
     release_checkpoint,
     wait_until_stopped,
 )
+from replica_lib.replay import replay_locked
 from replica_lib.target import (
     TableSchema,
     changes_target,
     ensure_replica_tables,
+    is_empty,
     read_table,
     table_exists,
     tombstone_target,
@@ -80,7 +90,15 @@ SWAP_FILE = "_swap.json"
 CATCH_UP_FILE = "_catch_up.json"
 
 #: The named points of a swap, in order, for crash tests (each is passed to ``at``).
-SWAP_POINTS = ("after_plan", "after_catch_up", "after_live_fold", "after_tombstones", "after_table", "after_quarantine")
+SWAP_POINTS = (
+    "after_plan",
+    "after_catch_up",
+    "after_rebuild_drops",
+    "after_live_fold",
+    "after_tombstones",
+    "after_table",
+    "after_quarantine",
+)
 
 
 @dataclass(frozen=True)
@@ -90,17 +108,30 @@ class SwapPlan:
     swap_id: str
     applied: Offsets
     ends: Offsets
+    #: The live quarantine's list of resolutions as the swap read it (-1: none yet; None: a plan from before this
+    #: was recorded, read as it is): a drop made while the swap runs is the live replica's own, not the rebuild's.
+    resolved_version: int | None = None
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"swap_id": self.swap_id, "applied": offsets_json(self.applied), "ends": offsets_json(self.ends)},
-            sort_keys=True,
-        )
+        plan: dict[str, object] = {
+            "swap_id": self.swap_id,
+            "applied": offsets_json(self.applied),
+            "ends": offsets_json(self.ends),
+        }
+        if self.resolved_version is not None:
+            plan["resolved_version"] = self.resolved_version
+        return json.dumps(plan, sort_keys=True)
 
     @staticmethod
     def parse(text: str) -> SwapPlan:
         data = json.loads(text)
-        return SwapPlan(str(data["swap_id"]), parse_offsets(data["applied"]), parse_offsets(data["ends"]))
+        version = data.get("resolved_version")
+        return SwapPlan(
+            str(data["swap_id"]),
+            parse_offsets(data["applied"]),
+            parse_offsets(data["ends"]),
+            None if version is None else int(version),
+        )
 
 
 @dataclass(frozen=True)
@@ -156,13 +187,15 @@ def swap(
         position = _catch_up(session, shadow, rebuilt, position, _later(position[1], applied_so_far(session, cfg)))
     stopped_at = _wait_for_the_replica(cfg, wait_s, live_stopped)
     if recorded is None:
-        recorded = SwapPlan(uuid.uuid4().hex[:12], applied_so_far(session, cfg) or {}, {})
+        applied = applied_so_far(session, cfg) or {}
+        recorded = SwapPlan(uuid.uuid4().hex[:12], applied, {}, resolutions_version(session, cfg))
         recorded = replace(recorded, ends=_later(position[1], recorded.applied))
         write_text(session, path, recorded.to_json())
     _at(at, "after_plan")
     before = position[2]
     position = _catch_up(session, shadow, rebuilt, position, recorded.ends)
     _at(at, "after_catch_up")
+    _settle_quarantine(session, cfg, shadow, recorded, at)
     pairs = list(zip(cfg.tables, shadow.tables, strict=True))
     verified = [_verify(session, cfg, shadow, live, new) for live, new in pairs] if verify else []
     live_schemas = ensure_replica_tables(session, cfg)
@@ -295,21 +328,67 @@ def _replace_table(
     _at(at, "after_table")
 
 
-def _copy_quarantine(spark: SparkSession, cfg: ReplicaConfig, shadow: ReplicaConfig, plan: SwapPlan) -> None:
-    """The records the rebuild quarantined at or after where the live replica had stopped: it never read them."""
-    if not table_exists(spark, shadow.quarantine):
+def _settle_quarantine(
+    spark: SparkSession, cfg: ReplicaConfig, shadow: ReplicaConfig, plan: SwapPlan, at: Callable[[str], None] | None
+) -> None:
+    """Give the rebuilt tables the live replica's resolutions, as ``plan`` pinned them (step 2 of the module's).
+
+    Without them, a key the operator released in the live replica (a drop, then a replay) would be swapped in at its
+    state before the bad record, a delete undone, with nothing left to hold it. The rebuild's records the live
+    replica still holds unresolved stay held in the rebuild too: a drop alone releases nothing."""
+    live = resolutions(spark, cfg, plan.resolved_version)
+    held = unresolved(spark, shadow)
+    if live is None or held is None:
         return
-    unread: DataFrame = read_table(spark, shadow.quarantine)
-    read_before = F.lit(False)
-    for topic, parts in plan.applied.items():
-        for partition, offset in parts.items():
-            read_before = read_before | (
-                (F.col("topic") == topic) & (F.col("partition") == partition) & (F.col("offset") < offset)
-            )
-    unread = unread.where(~read_before)
+    dropped = held.join(live.where(F.col("action") == DROPPED).select(*COORDINATES), COORDINATES, "left_semi")
+    if not dropped.isEmpty():
+        resolve(spark, shadow, dropped, DROPPED, f"dropped from replica {cfg.name}'s quarantine (swap {plan.swap_id})")
+    _at(at, "after_rebuild_drops")
+    own = resolutions(spark, shadow)
+    if own is not None and not own.where(F.col("action") == DROPPED).isEmpty():
+        # Run again after a crash too: what a replay applied is resolved, and the MERGE's gate finds it applied.
+        waiting = unresolved(spark, cfg, plan.resolved_version)
+        released = held if waiting is None else held.join(waiting.select(*COORDINATES), COORDINATES, "left_anti")
+        note = f"released as in replica {cfg.name} (swap {plan.swap_id})"
+        replayed = replay_locked(spark, shadow, note=note, only=released)
+        logger.info("swap %s: %s", cfg.name, replayed.line(f"{cfg.name} (rebuilt)"))
+        for schema in ensure_replica_tables(spark, shadow).values():  # folded, as the rebuild leaves its tables
+            if schema.table.merge_on_read and not is_empty(spark, changes_target(schema.table)):
+                logger.info("swap %s: %s", cfg.name, fold(spark, shadow.name, schema).line(schema.table.name))
+    # Against the list as it is now: a replay in the live replica after the plan (its lock is not the swap's to hold
+    # on shared storage) applied a change that these tables would not have.
+    now = resolutions(spark, cfg)
+    still = unresolved(spark, shadow)
+    assert now is not None and still is not None
+    applied = still.join(now.where(F.col("action") == REPLAYED).select(*COORDINATES), COORDINATES, "left_semi")
+    lost = applied.select(*COORDINATES).orderBy(*COORDINATES).limit(4).collect()
+    if lost:
+        places = ", ".join(f"{r['topic']}/{r['partition']}/{r['offset']}" for r in lost[:3])
+        raise RebuildError(
+            f"the rebuild of replica {cfg.name} rejects records that the live replica applied after a fix (replayed "
+            f"from its quarantine): {places}{', ...' if len(lost) > 3 else ''}; swapped in, their changes would be "
+            f"lost. Put the fix the replay used into {cfg.source_file} and rebuild into a new folder"
+        )
+
+
+def _copy_quarantine(spark: SparkSession, cfg: ReplicaConfig, shadow: ReplicaConfig, plan: SwapPlan) -> None:
+    """The live quarantine holds back what the rebuilt tables do: the rebuild's unresolved records it lacks (those
+    past where the live replica had stopped, which it never read, and any other the rebuild rejected) are added, and
+    its unresolved records the rebuild applied are listed as replayed (their keys are no longer held)."""
+    held = unresolved(spark, shadow)
+    if held is None:
+        return
+    live = read_table(spark, cfg.quarantine).select(*COORDINATES) if table_exists(spark, cfg.quarantine) else None
+    lacking = held if live is None else held.join(live, COORDINATES, "left_anti")
     app = f"replica:{cfg.name}:_quarantine:swap-{plan.swap_id}"
     commit = Commit(app, 0, {"replica": cfg.name, "swap": plan.swap_id})
-    append_quarantine(cfg.quarantine, unread, commit)
+    append_quarantine(cfg.quarantine, lacking.select(*read_table(spark, shadow.quarantine).columns), commit)
+    waiting = unresolved(spark, cfg)
+    if waiting is not None:
+        applied = waiting.join(held.select(*COORDINATES), COORDINATES, "left_anti")
+        if not applied.isEmpty():
+            note = f"the rebuild swapped in (swap {plan.swap_id}) does not hold it back: applied, or gone from the log"
+            resolve(spark, cfg, applied, REPLAYED, note)
 
 
 def _at(at: Callable[[str], None] | None, point: str) -> None:

@@ -18,11 +18,13 @@ from pyspark.sql import DataFrame, SparkSession
 from jobs import quarantine as quarantine_job
 from replica_dev.model import LoggedChange, fold
 from replica_lib.config import ReplicaConfig
-from replica_lib.errors import CheckpointError
+from replica_lib.errors import CheckpointError, RebuildError
 from replica_lib.producer import Change, Position
 from replica_lib.quarantine import DROPPED, reasons, resolve, select, unresolved
+from replica_lib.rebuild import rebuild
 from replica_lib.recovery import LOCK_FILE, release_checkpoint
 from replica_lib.replay import replay
+from replica_lib.swap import swap
 from replica_lib.target import delta_table, replica_targets
 from tests.integration.support import orders_table, produce, replica_config, replica_df, run_available_now
 
@@ -74,7 +76,7 @@ def assert_model(spark: SparkSession, cfg: ReplicaConfig, table: str, log: Itera
     assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
 
 
-def test_a_quarantined_record_holds_its_key_until_replayed_or_dropped(
+def test_a_quarantined_record_holds_its_key_until_replayed_or_dropped_and_a_rebuild_swapped_in_keeps_that(
     spark: SparkSession, connection: dict[str, str], topic_factory: Any, tmp_path: Path
 ) -> None:
     topics = {"cow": topic_factory(partitions=1), "mor": topic_factory(partitions=1)}
@@ -165,6 +167,58 @@ def test_a_quarantined_record_holds_its_key_until_replayed_or_dropped(
     for table, topic in topics.items():
         log[table] += produce(connection, topic, [change(1, 20), change(3, 21), gone(2, 22)], table)
     run_available_now(spark, fixed)
+    for table in topics:
+        assert_model(spark, fixed, table, log[table])
+
+    # Key 5's bad record dropped, and the record it held not replayed yet: a drop alone releases nothing.
+    bad_5 = {table: garbage(connection, topic, 5) for table, topic in topics.items()}
+    for table, topic in topics.items():
+        log[table] += produce(connection, topic, [change(5, 25)], table)
+    run_available_now(spark, fixed)
+    places = [f"{at.topic}/{at.partition}/{at.offset}" for at in bad_5.values()]
+    resolve(spark, fixed, select(unresolved(spark, fixed), list(topics), places), DROPPED, "broken; key 5 later")
+
+    def but_key_5(table: str) -> list[LoggedChange]:
+        return [e for e in log[table] if e.change.key["order_id"] != 5]
+
+    for table in topics:
+        assert_model(spark, fixed, table, but_key_5(table))
+
+    # A rebuild's quarantine starts empty: it holds keys 3 and 5 behind their garbage again, below where the live
+    # replica stands. Swapped in (killed once between the rebuild's drops and its replay, then run again), key 3
+    # keeps the state the live replica reached (s21, not s7), key 5 stays held by its record, and the replica goes
+    # on from there.
+    class Crash(Exception):
+        pass
+
+    def crash_once(point: str) -> None:
+        if point == "after_rebuild_drops" and not crashed:
+            crashed.append(point)
+            raise Crash(point)
+
+    crashed: list[str] = []
+    rebuild(spark, fixed, str(tmp_path / "rebuilt"))
+    with pytest.raises(Crash):
+        swap(spark, fixed, str(tmp_path / "rebuilt"), at=crash_once)
+    swap(spark, fixed, str(tmp_path / "rebuilt"), at=crash_once)
+    for table in topics:
+        assert_model(spark, fixed, table, but_key_5(table))
+    assert {r.reason: r.records for r in reasons(spark, fixed)} == {held_reason: 2}
+    for table, topic in topics.items():
+        log[table] += produce(connection, topic, [change(3, 30), change(1, 31)], table)
+    run_available_now(spark, fixed)
+    for table in topics:
+        assert_model(spark, fixed, table, but_key_5(table))
+    done = replay(spark, fixed)
+    assert (done.records, done.replayed, done.still) == (2, 2, ()), done
+    for table in topics:
+        assert_model(spark, fixed, table, log[table])
+
+    # A rebuild by the file's schema before the fix rejects key 1's record that the live replica replayed after it:
+    # swapped in, that change would be lost, so the swap stops before it replaces a table.
+    rebuild(spark, cfg, str(tmp_path / "unfixed"))
+    with pytest.raises(RebuildError, match="rejects records that the live replica applied after a fix"):
+        swap(spark, cfg, str(tmp_path / "unfixed"))
     for table in topics:
         assert_model(spark, fixed, table, log[table])
 

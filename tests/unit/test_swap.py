@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,11 @@ from replica_lib.swap import SwapPlan, _later
 
 
 def test_a_swap_plan_reads_back_as_written() -> None:
-    plan = SwapPlan("0123456789ab", {"orders": {0: 5, 2: 9}}, {"orders": {0: 7, 1: 3, 2: 9}})
+    plan = SwapPlan("0123456789ab", {"orders": {0: 5, 2: 9}}, {"orders": {0: 7, 1: 3, 2: 9}}, resolved_version=4)
     assert SwapPlan.parse(plan.to_json()) == plan
+    assert SwapPlan.parse(replace(plan, resolved_version=-1).to_json()).resolved_version == -1  # none yet
+    # A plan from before the version was recorded reads the live quarantine's resolutions as they are.
+    assert SwapPlan.parse(replace(plan, resolved_version=None).to_json()).resolved_version is None
 
 
 def test_the_later_position_takes_each_partition_from_whichever_is_further() -> None:
